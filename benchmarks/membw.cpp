@@ -1,0 +1,44 @@
+// kvpipe_membw: memory read bandwidth of this machine, the floor of batch-1 decode.
+//
+// Sums a buffer far larger than the last-level cache, with `threads` OpenMP threads, and
+// prints the median read bandwidth of several passes in GB/s (10^9 bytes per second).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+int main(int argc, char** argv) {
+  const size_t mib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1024;
+  const int passes = argc > 2 ? std::atoi(argv[2]) : 9;
+  const size_t n = mib * (1 << 20) / sizeof(float);
+  std::vector<float> buf(n, 1.0f);
+  std::vector<double> gbps;
+  volatile float sink = 0;
+  for (int p = 0; p < passes; ++p) {
+    const auto t0 = std::chrono::steady_clock::now();
+    float total = 0;
+    // Eight independent accumulators keep the adds off the critical path, so the loop is
+    // bound by memory, not by add latency.
+#pragma omp parallel for reduction(+ : total) schedule(static)
+    for (size_t i = 0; i < n / 8 * 8; i += 8) {
+      float a0 = buf[i], a1 = buf[i + 1], a2 = buf[i + 2], a3 = buf[i + 3];
+      float a4 = buf[i + 4], a5 = buf[i + 5], a6 = buf[i + 6], a7 = buf[i + 7];
+      total += ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    sink = sink + total;
+    gbps.push_back(static_cast<double>(n / 8 * 8 * sizeof(float)) / s / 1e9);
+  }
+  std::sort(gbps.begin(), gbps.end());
+  int threads = 1;
+#ifdef _OPENMP
+  threads = omp_get_max_threads();
+#endif
+  std::printf("{\"threads\": %d, \"buffer_mib\": %zu, \"read_gbps_median\": %.2f, \"read_gbps_max\": %.2f}\n",
+              threads, mib, gbps[gbps.size() / 2], gbps.back());
+  return 0;
+}

@@ -1,0 +1,70 @@
+#include "engine/layers.h"
+
+#include <ATen/ATen.h>
+
+#include <limits>
+
+namespace kvpipe {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor inv = at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true).add_(eps));
+  return (xf * inv).to(x.scalar_type()) * weight;
+}
+
+RopeTables make_rope_tables(int64_t max_position, int64_t head_dim, double theta,
+                            at::ScalarType dtype) {
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  const at::Tensor i = at::arange(0, head_dim, 2, f64);
+  const at::Tensor inv_freq = at::pow(theta, i / static_cast<double>(head_dim)).reciprocal();
+  const at::Tensor pos = at::arange(max_position, f64);
+  const at::Tensor freqs = at::outer(pos, inv_freq);
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);
+  return {emb.cos().to(dtype).contiguous(), emb.sin().to(dtype).contiguous()};
+}
+
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& positions, const RopeTables& rope) {
+  const int64_t half = x.size(-1) / 2;
+  const at::Tensor cos = rope.cos.index_select(0, positions).unsqueeze(1);
+  const at::Tensor sin = rope.sin.index_select(0, positions).unsqueeze(1);
+  const at::Tensor x1 = x.narrow(-1, 0, half);
+  const at::Tensor x2 = x.narrow(-1, half, half);
+  const at::Tensor rotated = at::cat({x2.neg(), x1}, -1);
+  return x * cos + rotated * sin;
+}
+
+at::Tensor dense(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (x.size(0) == 1 && x.is_cpu()) {
+    at::Tensor y = at::mv(weight, x[0]);
+    if (bias.defined()) y.add_(bias);
+    return y.unsqueeze(0);
+  }
+  return bias.defined() ? at::addmm(bias, x, weight.t()) : at::mm(x, weight.t());
+}
+
+at::Tensor swiglu(const at::Tensor& gate_up) {
+  const int64_t ff = gate_up.size(-1) / 2;
+  return at::silu(gate_up.narrow(-1, 0, ff)) * gate_up.narrow(-1, ff, ff);
+}
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            double scale) {
+  const int64_t n = q.size(0), heads = q.size(1), hd = q.size(2);
+  const int64_t L = k.size(0), kv_heads = k.size(1), group = heads / kv_heads;
+  // [kv_heads, group * n, hd]: query heads sharing a kv head become rows of one product.
+  const at::Tensor qg = q.view({n, kv_heads, group, hd}).permute({1, 2, 0, 3}).reshape({kv_heads, group * n, hd});
+  const at::Tensor kt = k.permute({1, 2, 0});  // [kv_heads, hd, L]
+  at::Tensor scores = at::bmm(qg, kt).mul_(scale).view({kv_heads, group, n, L});
+  if (n > 1) {
+    // Query i sits at position L - n + i and sees keys 0 .. L - n + i.
+    const auto opts = at::TensorOptions().dtype(at::kLong).device(q.device());
+    const at::Tensor qpos = at::arange(L - n, L, opts).unsqueeze(1);
+    const at::Tensor kpos = at::arange(L, opts).unsqueeze(0);
+    scores.masked_fill_(kpos > qpos, -std::numeric_limits<float>::infinity());
+  }
+  const at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(q.scalar_type());
+  const at::Tensor out = at::bmm(probs.view({kv_heads, group * n, L}), v.permute({1, 0, 2}));
+  return out.view({kv_heads, group, n, hd}).permute({2, 0, 1, 3}).reshape({n, heads * hd});
+}
+
+}  // namespace kvpipe

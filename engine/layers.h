@@ -1,0 +1,45 @@
+// The math of a Llama-family decoder layer, as free functions on tensors.
+//
+// Each function follows the HF reference implementation (RMSNorm in the input dtype with
+// float32 statistics, RoPE in the rotate-half convention, SwiGLU) and is checked against an
+// independent float64 computation in the tests. `dense` dispatches a single row to a
+// matrix-vector product: BLAS gemm on one row runs at a third of the memory bandwidth that
+// gemv reaches, and batch-1 decode is bound by exactly that bandwidth.
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+
+namespace kvpipe {
+
+// x [T, hidden] -> x / rms(x) * weight.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// cos and sin tables [max_position, head_dim] for RoPE in the rotate-half layout, computed
+// in float64 and stored as `dtype`.
+struct RopeTables {
+  at::Tensor cos;
+  at::Tensor sin;
+};
+RopeTables make_rope_tables(int64_t max_position, int64_t head_dim, double theta,
+                            at::ScalarType dtype);
+
+// x [T, heads, head_dim] rotated at `positions` (int64 [T]).
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& positions, const RopeTables& rope);
+
+// x [T, in] @ weight[out, in]^T (+ bias).
+at::Tensor dense(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
+
+// gate_up [T, 2 * ff] -> silu(gate) * up, [T, ff].
+at::Tensor swiglu(const at::Tensor& gate_up);
+
+// Causal attention of one sequence's new queries over its cached context.
+// q [n, heads, head_dim]: the queries at positions context_len - n .. context_len - 1;
+// k, v [context_len, kv_heads, head_dim]: every key/value up to the last query, in order.
+// Query head h reads kv head h / (heads / kv_heads) (grouped-query attention).
+// Returns [n, heads * head_dim].
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            double scale);
+
+}  // namespace kvpipe

@@ -1,0 +1,79 @@
+// ModelWeights: the tensors of one pipeline stage (a contiguous range of decoder layers plus,
+// where the stage holds them, the embedding and the final norm with the LM head).
+//
+// Weights come from an HF safetensors directory (only the stage's tensors are read from the
+// memory-mapped files) or are made in memory from a preset (`dummy:<preset>`), in both cases
+// converted to the run dtype. A random tensor is seeded by its own name, so a stage that
+// generates only its layers gets exactly the values a whole-model run (or `init-model` with
+// the same seed) has. q/k/v and gate/up are concatenated at load so that each becomes one
+// matrix product (as vLLM's fused QKV and gate-up projections).
+#pragma once
+
+#include "engine/model_config.h"
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvpipe {
+
+struct LayerRange {
+  int64_t begin = 0;  // first layer
+  int64_t end = 0;    // one past the last layer
+  int64_t size() const { return end - begin; }
+};
+
+struct LayerWeights {
+  at::Tensor input_norm;   // [hidden]
+  at::Tensor qkv;          // [(heads + 2 * kv_heads) * head_dim, hidden]
+  at::Tensor qkv_bias;     // undefined unless the model has q/k/v biases
+  at::Tensor o;            // [hidden, heads * head_dim]
+  at::Tensor post_norm;    // [hidden]
+  at::Tensor gate_up;      // [2 * intermediate, hidden]
+  at::Tensor down;         // [hidden, intermediate]
+};
+
+struct ModelWeights {
+  ModelConfig config;
+  LayerRange layers;
+  at::Tensor embedding;    // [vocab, hidden], defined on the first stage
+  at::Tensor final_norm;   // [hidden], defined on the last stage
+  at::Tensor lm_head;      // [vocab, hidden], defined on the last stage (the embedding when tied)
+  std::vector<LayerWeights> layer;  // layer[i] is model layer layers.begin + i
+
+  int64_t bytes() const;
+};
+
+struct WeightSelection {
+  LayerRange layers;
+  bool embedding = true;
+  bool head = true;
+};
+
+// The HF tensor names of a model, in the order init-model writes them, with their shapes.
+std::vector<std::pair<std::string, std::vector<int64_t>>> hf_tensor_layout(const ModelConfig& cfg);
+
+// Random float32 tensor for `name`, a pure function of (seed, name, shape, std):
+// norms are 1 + N(0, std), everything else N(0, std).
+at::Tensor random_tensor(const std::string& name, const std::vector<int64_t>& shape, uint64_t seed,
+                         double std);
+
+// Resolves model.path: a directory with config.json, or "dummy:<preset>".
+ModelConfig load_model_config(const std::string& path);
+
+// Loads the selected tensors of the model at `path` as `dtype` (dummy models use seed 0 and
+// std 0.02, as `init-model` does by default).
+ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,
+                          const WeightSelection& selection, at::ScalarType dtype);
+
+// "float32" | "float16" | "bfloat16"; std::invalid_argument naming `what` otherwise.
+at::ScalarType parse_dtype(const std::string& name, const std::string& what);
+
+// Default std of random weights.
+constexpr double kDefaultInitStd = 0.02;
+
+}  // namespace kvpipe

@@ -1,0 +1,78 @@
+// Safetensors: memory-mapped reading and writing of HF safetensors files.
+//
+// A SafetensorsFile maps one file and validates its whole header up front (length, JSON,
+// dtypes, shapes, byte counts, offsets inside the data and not overlapping), so a malformed
+// file fails before any tensor is used. Tensor bytes are only touched when a tensor is
+// loaded, which is what lets a pipeline rank read just its own layers. A SafetensorsModel is
+// a model directory: `model.safetensors`, or shards listed by `model.safetensors.index.json`.
+// Every problem with a file is a std::invalid_argument whose message names the file (and
+// the tensor where there is one).
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kvpipe {
+
+struct SafetensorsEntry {
+  std::string dtype;             // "F32", "F16", "BF16", ...
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;            // offsets relative to the start of the data section
+  uint64_t end = 0;
+};
+
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  bool contains(const std::string& name) const { return entries_.count(name) != 0; }
+  const SafetensorsEntry& entry(const std::string& name) const;
+  std::vector<std::string> names() const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  // A copy of the tensor converted to `dtype` (F32, F16 and BF16 are supported sources).
+  at::Tensor load(const std::string& name, at::ScalarType dtype) const;
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  size_t map_size_ = 0;
+  const uint8_t* data_ = nullptr;  // start of the data section
+  std::map<std::string, SafetensorsEntry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+class SafetensorsModel {
+ public:
+  // `dir` holds model.safetensors.index.json (sharded) or model.safetensors.
+  explicit SafetensorsModel(const std::string& dir);
+
+  bool contains(const std::string& name) const;
+  std::vector<int64_t> shape(const std::string& name) const;
+  // Throws std::invalid_argument naming the tensor and the directory when it is missing.
+  at::Tensor load(const std::string& name, at::ScalarType dtype) const;
+
+ private:
+  const SafetensorsFile& file_of(const std::string& name) const;
+
+  std::string dir_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, size_t> owner_;  // tensor name -> index in files_
+};
+
+// Writes `tensors` (contiguous CPU tensors of F32, F16 or BF16) in order, with `metadata`
+// in the header's "__metadata__". Output is byte-for-byte deterministic.
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace kvpipe

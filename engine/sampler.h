@@ -1,0 +1,28 @@
+// Sampler: greedy, temperature, top-k and top-p sampling of one token from logits.
+//
+// Sampling is a pure function of (logits, params, request id, output index): the random
+// draw is seeded from those, not from a stream shared by the batch. A request therefore
+// gets the same tokens whichever requests it is batched with, whether it was preempted and
+// recomputed, and on whichever rank samples it.
+#pragma once
+
+#include "engine/step_batch.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace kvpipe {
+
+// Tokens that stay candidates after temperature, top-k and top-p, most probable first,
+// with their renormalised probabilities. Greedy (temperature 0) keeps the argmax alone
+// (the lowest id among equal maxima).
+struct Candidates {
+  std::vector<int64_t> tokens;
+  std::vector<double> probs;
+};
+Candidates sampling_candidates(const float* logits, int64_t vocab, const SamplingParams& params);
+
+int64_t sample_token(const float* logits, int64_t vocab, const SamplingParams& params,
+                     int64_t request_id, int64_t output_index);
+
+}  // namespace kvpipe

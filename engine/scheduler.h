@@ -1,0 +1,97 @@
+// Scheduler: continuous batching of requests over the coordinator's KV blocks.
+//
+// Decides, step by step, which sequences compute how many tokens: running sequences first
+// (one token when decoding, the next chunk of their prompt otherwise), then waiting
+// sequences in arrival order while the batch has seats (scheduler.max_batch), tokens
+// (scheduler.max_tokens_per_step, long prompts are split into chunks) and free blocks. A
+// request that can never fit in the pool is refused when it is added; one that does not fit
+// now waits. When a running sequence needs a block and none is free, the most recently
+// admitted sequence is preempted: its blocks are freed and it later resumes by recomputing
+// its prompt and the tokens it already generated, so its output does not change.
+#pragma once
+
+#include "cache/block_allocator.h"
+#include "engine/step_batch.h"
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kvpipe {
+
+using Clock = std::chrono::steady_clock;
+
+struct Request {
+  int64_t id = 0;
+  std::vector<int64_t> prompt;
+  int64_t max_new_tokens = 16;
+  int64_t arrival_step = 0;
+  SamplingParams sampling;
+  bool ignore_eos = false;
+};
+
+struct Sequence {
+  Request request;
+  std::vector<int64_t> tokens;      // prompt, then generated tokens
+  int64_t num_computed = 0;         // leading tokens whose K/V are in the cache
+  std::vector<int32_t> blocks;
+  std::string finish_reason;        // empty while running
+  int64_t preemptions = 0;
+  Clock::time_point arrival_time{}, first_token_time{}, last_token_time{};
+
+  int64_t num_output() const { return static_cast<int64_t>(tokens.size() - request.prompt.size()); }
+  bool finished() const { return !finish_reason.empty(); }
+};
+
+struct SchedulerOptions {
+  int64_t block_size = 16;
+  int64_t max_batch = 32;
+  int64_t max_tokens_per_step = 2048;
+  int64_t max_context = 2048;       // the model's context length
+};
+
+struct SchedulerStats {
+  int64_t preemptions = 0;
+  int64_t recomputed_tokens = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerOptions& options, int64_t num_blocks);
+
+  // Checks the request against the pool and the context (std::invalid_argument naming the
+  // request when it can never run) and queues it for its arrival step.
+  Sequence* add(const Request& request);
+
+  // The next step's batch; empty when nothing can run at `step` (every request finished or
+  // not yet arrived). `sequences` receives the scheduled sequences, in batch order.
+  StepBatch schedule(int64_t step, std::vector<Sequence*>& sequences);
+
+  // Appends the sampled tokens after a step, finishing and freeing sequences as they end.
+  // `computed` is the batch the step ran.
+  void update(const StepBatch& computed, const std::vector<Sequence*>& sequences,
+              const StepOutput& output, const std::vector<int64_t>& eos_ids);
+
+  bool done() const { return pending_.empty() && waiting_.empty() && running_.empty(); }
+  const SchedulerStats& stats() const { return stats_; }
+  const BlockAllocator& allocator() const { return allocator_; }
+  const std::vector<std::unique_ptr<Sequence>>& sequences() const { return all_; }
+
+ private:
+  bool grow(Sequence& seq, int64_t tokens);  // blocks to hold `tokens` tokens; false if none
+  void preempt(Sequence& seq);
+  void release(Sequence& seq);
+
+  SchedulerOptions options_;
+  BlockAllocator allocator_;
+  std::vector<std::unique_ptr<Sequence>> all_;
+  std::vector<Sequence*> pending_;   // not yet arrived, by arrival step
+  std::deque<Sequence*> waiting_;    // arrived, not admitted (preempted ones at the front)
+  std::vector<Sequence*> running_;   // admitted, in admission order
+  SchedulerStats stats_;
+};
+
+}  // namespace kvpipe

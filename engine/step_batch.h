@@ -1,0 +1,56 @@
+// StepBatch: what one forward step computes, in a form that can cross a process boundary.
+//
+// The coordinator fills it from the scheduler; a stage turns it into the index tensors its
+// layers need (StepContext). Each sequence contributes `num_new` consecutive tokens that
+// follow `context_len` tokens already in the KV cache; its block table covers all
+// context_len + num_new tokens.
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace kvpipe {
+
+struct SamplingParams {
+  double temperature = 0.0;  // 0 = greedy
+  int top_k = 0;             // 0 = off
+  double top_p = 1.0;
+  uint64_t seed = 0;
+};
+
+struct SeqStep {
+  int64_t request_id = 0;
+  int64_t context_len = 0;       // tokens already cached before this step
+  int64_t num_new = 0;           // tokens computed in this step
+  int64_t output_index = 0;      // index of the token sampled after this step
+  bool sample = false;           // the last new token's distribution is wanted
+  SamplingParams sampling;
+  std::vector<int32_t> block_table;
+};
+
+struct StepBatch {
+  std::vector<SeqStep> seqs;
+  std::vector<int64_t> token_ids;  // sum of num_new, sequence after sequence
+  bool want_logits = false;        // return the raw logits of sampled rows too
+  int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
+};
+
+// Index tensors derived once per step and shared by every layer of a stage.
+struct StepContext {
+  at::Tensor positions;               // int64 [T]
+  at::Tensor slots;                   // int64 [T]: cache slot of each new token
+  std::vector<at::Tensor> seq_slots;  // per sequence, int64 [context_len + num_new]
+  at::Tensor sample_rows;             // int64 [S]: rows of T whose logits are sampled
+};
+
+StepContext make_step_context(const StepBatch& batch, int64_t block_size);
+
+struct StepOutput {
+  std::vector<int64_t> request_ids;  // one per sampled sequence, in batch order
+  std::vector<int64_t> tokens;
+  at::Tensor logits;                 // float32 [S, vocab] when asked for
+};
+
+}  // namespace kvpipe

@@ -1,0 +1,178 @@
+#include "launch/cli.h"
+
+#include "engine/model_config.h"
+#include "launch/generate.h"
+#include "launch/init_model.h"
+#include "launch/job_config.h"
+#include "launch/job_plan.h"
+#include "parallel/world.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+
+namespace kvpipe {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitInternal = 1;
+constexpr int kExitBadInput = 2;
+
+std::vector<int64_t> parse_id_list(const std::string& text) {
+  std::vector<int64_t> ids;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || v < 0)
+      throw std::invalid_argument("--prompt-ids: '" + item + "' is not a token id");
+    ids.push_back(v);
+  }
+  if (ids.empty()) throw std::invalid_argument("--prompt-ids: empty list");
+  return ids;
+}
+
+// Runs `body` and maps exceptions to the exit-code contract. On more than one rank a
+// failure aborts the job, so no rank waits forever on one that has gone.
+template <typename F>
+int guarded(F&& body, World* world) {
+  int code = kExitOk;
+  try {
+    body();
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "kvpipe: error: %s\n", e.what());
+    code = kExitBadInput;
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    msg = msg.substr(0, msg.find('\n'));  // c10::Error appends a backtrace
+    std::fprintf(stderr, "kvpipe: internal error: %s\n", msg.c_str());
+    code = kExitInternal;
+  }
+  if (code != kExitOk && world && world->size() > 1) {
+    std::fprintf(stderr, "kvpipe: rank %d failed, stopping the job\n", world->rank());
+    std::fflush(stderr);
+    world->abort(code);
+  }
+  return code;
+}
+
+}  // namespace
+
+int run_cli(int argc, char** argv) {
+  CLI::App app{"kvpipe: pipeline-parallel LLM inference with a paged, tunable KV cache"};
+  app.require_subcommand(1);
+
+  // init-model
+  InitModelOptions init;
+  std::string preset = "tiny";
+  std::string architecture;
+  int64_t hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0, vocab = 0,
+          max_position = 0;
+  double rope_theta = 0, rms_eps = 0;
+  bool tie = false;
+  auto* init_cmd = app.add_subcommand("init-model", "Write a random-weight model (HF config.json + model.safetensors)");
+  init_cmd->add_option("--out", init.out, "Output directory")->required();
+  init_cmd->add_option("--format", init.format, "hf (gguf: not yet)")->check(CLI::IsMember({"hf", "gguf"}));
+  init_cmd->add_option("--preset", preset, "Base shape: tiny or small")->check(CLI::IsMember({"tiny", "small"}));
+  init_cmd->add_option("--architecture", architecture, "LlamaForCausalLM or Qwen2ForCausalLM")
+      ->check(CLI::IsMember({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}));
+  init_cmd->add_option("--hidden", hidden, "Hidden size");
+  init_cmd->add_option("--layers", layers, "Decoder layers");
+  init_cmd->add_option("--heads", heads, "Attention heads");
+  init_cmd->add_option("--kv-heads", kv_heads, "Key/value heads");
+  init_cmd->add_option("--head-dim", head_dim, "Head dimension (default hidden / heads)");
+  init_cmd->add_option("--intermediate", intermediate, "MLP intermediate size");
+  init_cmd->add_option("--vocab", vocab, "Vocabulary size");
+  init_cmd->add_option("--max-position", max_position, "Context length");
+  init_cmd->add_option("--rope-theta", rope_theta, "RoPE base");
+  init_cmd->add_option("--rms-eps", rms_eps, "RMSNorm epsilon");
+  init_cmd->add_flag("--tie-embeddings", tie, "Share the embedding with the LM head");
+  init_cmd->add_option("--dtype", init.dtype, "float32, float16 or bfloat16")
+      ->check(CLI::IsMember({"float32", "float16", "bfloat16"}));
+  init_cmd->add_option("--seed", init.seed, "Random seed");
+  init_cmd->add_option("--std", init.std, "Standard deviation of the weights");
+
+  // generate
+  GenerateOptions gen;
+  std::string prompt_ids;
+  int max_new = 0;
+  auto* gen_cmd = app.add_subcommand("generate", "Run the job's requests; one JSON line per request on stdout");
+  gen_cmd->add_option("--config", gen.config, "Job YAML file")->required();
+  gen_cmd->add_option("--set", gen.overrides, "Override a config key: key.path=value (repeatable)");
+  gen_cmd->add_option("--prompt-ids", prompt_ids, "One request with these comma-separated token ids");
+  auto* max_new_opt = gen_cmd->add_option("--max-new-tokens", max_new, "Tokens to generate per request");
+  gen_cmd->add_option("--logprobs-out", gen.logprobs_out,
+                      "Write each generated token's full-vocabulary log-probabilities (JSON lines)");
+
+  // validate
+  std::string validate_config;
+  std::vector<std::string> validate_overrides;
+  int validate_ranks = 1;
+  auto* val_cmd = app.add_subcommand("validate", "Check a job file and print the layer split and KV plan");
+  val_cmd->add_option("--config", validate_config, "Job YAML file")->required();
+  val_cmd->add_option("--set", validate_overrides, "Override a config key: key.path=value");
+  val_cmd->add_option("--ranks", validate_ranks, "Number of ranks to plan for")->check(CLI::PositiveNumber);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "kvpipe: error: %s\n", e.what());
+    return kExitBadInput;
+  }
+
+  if (init_cmd->parsed()) {
+    return guarded([&] {
+      ModelConfig c = preset_config(preset);
+      if (!architecture.empty()) c.architecture = architecture;
+      c.qkv_bias = c.architecture == "Qwen2ForCausalLM";
+      if (hidden) c.hidden_size = hidden;
+      if (layers) c.num_layers = layers;
+      if (heads) c.num_heads = heads;
+      if (kv_heads) c.num_kv_heads = kv_heads;
+      c.head_dim = head_dim ? head_dim : (c.num_heads ? c.hidden_size / c.num_heads : 0);
+      if (intermediate) c.intermediate_size = intermediate;
+      if (vocab) c.vocab_size = vocab;
+      if (max_position) c.max_position = max_position;
+      if (rope_theta) c.rope_theta = rope_theta;
+      if (rms_eps) c.rms_eps = rms_eps;
+      if (tie) c.tie_embeddings = true;
+      for (int64_t& id : c.eos_token_ids) id = std::min(id, c.vocab_size - 1);
+      init.config = c;
+      init_model(init);
+      std::fprintf(stderr, "init-model: wrote %s (%lld parameters)\n", init.out.c_str(),
+                   static_cast<long long>(c.total_params()));
+    }, nullptr);
+  }
+  if (val_cmd->parsed()) {
+    return guarded([&] {
+      const JobConfig job = load_job_config(validate_config, validate_overrides);
+      print_plan(std::cout, plan_job(job, validate_ranks));
+    }, nullptr);
+  }
+  // generate: the only sub-command that joins the MPI job.
+  std::unique_ptr<World> world;
+  int code = guarded([&] { world = std::make_unique<World>(&argc, &argv); }, nullptr);
+  if (code != kExitOk) return code;
+  return guarded([&] {
+    if (!prompt_ids.empty()) gen.prompt_ids = parse_id_list(prompt_ids);
+    if (max_new_opt->count() > 0) gen.max_new_tokens = max_new;
+    generate(gen, *world);
+  }, world.get());
+}
+
+}  // namespace kvpipe

@@ -1,0 +1,131 @@
+#include "launch/generate.h"
+
+#include "cache/block_pool.h"
+#include "engine/engine.h"
+#include "engine/model_shard.h"
+#include "engine/model_weights.h"
+#include "launch/job_config.h"
+#include "launch/job_plan.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <stdexcept>
+
+namespace kvpipe {
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+std::vector<Request> job_requests(const JobConfig& job, const GenerateOptions& o) {
+  std::vector<RequestSpec> specs = job.requests;
+  if (!o.prompt_ids.empty()) specs = {RequestSpec{o.prompt_ids, 16, 0}};
+  if (specs.empty())
+    throw std::invalid_argument(job.source + ": no requests (add `requests:` or pass --prompt-ids)");
+  std::vector<Request> out;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    Request r;
+    r.id = static_cast<int64_t>(i);
+    r.prompt = specs[i].prompt_ids;
+    r.max_new_tokens = o.max_new_tokens.value_or(specs[i].max_new_tokens);
+    r.arrival_step = specs[i].arrival_step;
+    r.sampling = SamplingParams{job.sampling.temperature, job.sampling.top_k, job.sampling.top_p,
+                                job.sampling.seed};
+    r.ignore_eos = job.sampling.ignore_eos;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+// Full-vocabulary log-softmax of one row, in double for a stable sum.
+std::vector<float> log_softmax(const float* logits, int64_t vocab) {
+  double max = logits[0];
+  for (int64_t i = 1; i < vocab; ++i) max = std::max<double>(max, logits[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - max);
+  const double log_z = max + std::log(sum);
+  std::vector<float> out(vocab);
+  for (int64_t i = 0; i < vocab; ++i) out[i] = static_cast<float>(logits[i] - log_z);
+  return out;
+}
+
+}  // namespace
+
+void generate(const GenerateOptions& o, World& world) {
+  if (o.max_new_tokens && *o.max_new_tokens < 1)
+    throw std::invalid_argument("--max-new-tokens: must be at least 1");
+  const JobConfig job = load_job_config(o.config, o.overrides);
+  if (world.size() > 1)
+    throw std::invalid_argument("this build runs one rank per job; got " + std::to_string(world.size()));
+  at::set_num_threads(job.runtime.threads);
+
+  const JobPlan plan = plan_job(job, world.size());
+  if (plan.dtype != at::kFloat)
+    throw std::invalid_argument(job.source + ": model.dtype " + job.model.dtype +
+                                " is not supported on CPU (use float32)");
+  print_plan(std::cerr, plan);
+  const StagePlan& stage = plan.partition.stages[world.rank()];
+
+  WeightSelection sel;
+  sel.layers = {stage.first_layer, stage.first_layer + stage.num_layers};
+  sel.embedding = world.rank() == 0;
+  sel.head = world.rank() == world.size() - 1;
+  ModelShard shard(load_weights(job.model.path, plan.model, sel, plan.dtype));
+  BlockPool pool(shard.kv_shape(plan.block_size), plan.partition.num_blocks, plan.dtype, at::kCPU);
+
+  EngineOptions eo;
+  eo.scheduler.block_size = plan.block_size;
+  eo.scheduler.max_batch = job.scheduler.max_batch;
+  eo.scheduler.max_tokens_per_step = job.scheduler.max_tokens_per_step;
+  eo.scheduler.max_context = plan.model.max_position;
+  eo.keep_logits = !o.logprobs_out.empty();
+  LocalExecutor executor(shard, pool);
+  Engine engine(executor, plan.model, plan.partition.num_blocks, eo);
+  for (const Request& r : job_requests(job, o)) engine.add(r);
+
+  std::ofstream logprobs;
+  if (!o.logprobs_out.empty()) {
+    logprobs.open(o.logprobs_out);
+    if (!logprobs) throw std::invalid_argument("--logprobs-out: cannot write " + o.logprobs_out);
+  }
+  const auto t0 = Clock::now();
+  engine.run([&](const TokenEvent& ev) {
+    if (!logprobs.is_open()) return;
+    ordered_json line;
+    line["id"] = ev.request_id;
+    line["step"] = ev.index;
+    line["token"] = ev.token;
+    line["logprobs"] = log_softmax(ev.logits, ev.vocab);
+    logprobs << line.dump() << "\n";
+  });
+  const double wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+
+  int64_t generated = 0, prompt_tokens = 0;
+  for (const RequestResult& r : engine.results()) {
+    ordered_json line;
+    line["id"] = r.id;
+    line["prompt_ids"] = r.prompt_ids;
+    line["output_ids"] = r.output_ids;
+    line["finish_reason"] = r.finish_reason;
+    line["ttft_ms"] = std::round(r.ttft_ms * 1000.0) / 1000.0;
+    line["tpot_ms"] = std::round(r.tpot_ms * 1000.0) / 1000.0;
+    std::cout << line.dump() << "\n";
+    generated += static_cast<int64_t>(r.output_ids.size());
+    prompt_tokens += static_cast<int64_t>(r.prompt_ids.size());
+  }
+  std::cout.flush();
+  const EngineStats& st = engine.stats();
+  std::fprintf(stderr,
+               "timing: %zu requests, %lld prompt tokens, %lld generated tokens in %.3f s "
+               "(%.1f tokens/s generated), %lld steps, mean step %.2f ms, %lld preemptions\n",
+               engine.results().size(), static_cast<long long>(prompt_tokens),
+               static_cast<long long>(generated), wall_s, generated / std::max(wall_s, 1e-9),
+               static_cast<long long>(st.steps), st.step_ms_total / std::max<int64_t>(st.steps, 1),
+               static_cast<long long>(engine.scheduler().stats().preemptions));
+}
+
+}  // namespace kvpipe

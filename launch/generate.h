@@ -1,0 +1,24 @@
+// `kvpipe generate`: runs a job's requests and prints one JSON line per request.
+#pragma once
+
+#include "parallel/world.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvpipe {
+
+struct GenerateOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::vector<int64_t> prompt_ids;          // replaces the config's requests when given
+  std::optional<int> max_new_tokens;        // applies to every request
+  std::string logprobs_out;
+};
+
+// Results go to stdout (rank 0), logs and the timing summary to stderr. Throws
+// std::invalid_argument for bad input.
+void generate(const GenerateOptions& options, World& world);
+
+}  // namespace kvpipe

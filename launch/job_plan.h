@@ -1,0 +1,34 @@
+// JobPlan: how a job's model and KV cache are laid out over the ranks.
+//
+// Joins the job config, the model's shape and the world size into the partitioner's inputs
+// (per-rank memory budgets, per-stage weight bytes) and returns the split and the common
+// block count. Shared by `generate` (which then loads exactly that) and `validate` (which
+// only prints it).
+#pragma once
+
+#include "engine/model_config.h"
+#include "launch/job_config.h"
+#include "parallel/partitioner.h"
+
+#include <ATen/core/ScalarType.h>
+
+#include <ostream>
+
+namespace kvpipe {
+
+struct JobPlan {
+  ModelConfig model;
+  at::ScalarType dtype = at::kFloat;
+  PartitionPlan partition;
+  int64_t block_size = 16;
+};
+
+JobPlan plan_job(const JobConfig& job, int world_size);
+
+// The plan as log lines: the split, each rank's weight and KV bytes, the common block count.
+void print_plan(std::ostream& out, const JobPlan& plan);
+
+// Physical memory of this machine, for `runtime.memory: auto` on CPU.
+int64_t host_memory_bytes();
+
+}  // namespace kvpipe
