@@ -101,33 +101,17 @@ ModelConfig load_model_config(const std::string& path) {
   return load_hf_config(path);
 }
 
-ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,
-                          const WeightSelection& sel, at::ScalarType dtype) {
+namespace {
+
+ModelWeights build_weights(const ModelConfig& cfg, const WeightSelection& sel, at::ScalarType dtype,
+                           const TensorSource& source) {
   if (sel.layers.begin < 0 || sel.layers.end > cfg.num_layers || sel.layers.begin > sel.layers.end)
     throw std::invalid_argument("layer range [" + std::to_string(sel.layers.begin) + ", " +
                                 std::to_string(sel.layers.end) + ") is outside the model's " +
                                 std::to_string(cfg.num_layers) + " layers");
-  TensorSource source;
-  std::shared_ptr<SafetensorsModel> files;
-  if (path.rfind(kDummyPrefix, 0) == 0) {
-    source = [](const std::string& name, const std::vector<int64_t>& shape) {
-      return random_tensor(name, shape, 0, kDefaultInitStd);
-    };
-  } else {
-    files = std::make_shared<SafetensorsModel>(path);
-    source = [files, path, dtype](const std::string& name, const std::vector<int64_t>& shape) {
-      const std::vector<int64_t> actual = files->shape(name);
-      if (actual != shape)
-        throw std::invalid_argument(path + ": tensor '" + name + "' has shape " +
-                                    c10::str(at::IntArrayRef(actual)) + ", config.json implies " +
-                                    c10::str(at::IntArrayRef(shape)));
-      return files->load(name, dtype);
-    };
-  }
   auto get = [&](const std::string& name, std::vector<int64_t> shape) {
     return source(name, shape).to(dtype).contiguous();
   };
-
   const int64_t h = cfg.hidden_size, q = cfg.num_heads * cfg.head_dim,
                 kv = cfg.num_kv_heads * cfg.head_dim, ff = cfg.intermediate_size;
   ModelWeights w;
@@ -158,6 +142,30 @@ ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,
     w.layer.push_back(std::move(l));
   }
   return w;
+}
+
+}  // namespace
+
+ModelWeights random_weights(const ModelConfig& cfg, const WeightSelection& sel, uint64_t seed,
+                            double std, at::ScalarType dtype) {
+  return build_weights(cfg, sel, dtype, [seed, std](const std::string& name, const std::vector<int64_t>& shape) {
+    return random_tensor(name, shape, seed, std);
+  });
+}
+
+ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,
+                          const WeightSelection& sel, at::ScalarType dtype) {
+  if (path.rfind(kDummyPrefix, 0) == 0) return random_weights(cfg, sel, 0, kDefaultInitStd, dtype);
+  auto files = std::make_shared<SafetensorsModel>(path);
+  return build_weights(cfg, sel, dtype, [files, path, dtype](const std::string& name,
+                                                             const std::vector<int64_t>& shape) {
+    const std::vector<int64_t> actual = files->shape(name);
+    if (actual != shape)
+      throw std::invalid_argument(path + ": tensor '" + name + "' has shape " +
+                                  c10::str(at::IntArrayRef(actual)) + ", config.json implies " +
+                                  c10::str(at::IntArrayRef(shape)));
+    return files->load(name, dtype);
+  });
 }
 
 }  // namespace kvpipe

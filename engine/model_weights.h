@@ -65,6 +65,10 @@ at::Tensor random_tensor(const std::string& name, const std::vector<int64_t>& sh
 // Resolves model.path: a directory with config.json, or "dummy:<preset>".
 ModelConfig load_model_config(const std::string& path);
 
+// The selected tensors of a random model, as `init-model --seed seed --std std` writes it.
+ModelWeights random_weights(const ModelConfig& cfg, const WeightSelection& selection, uint64_t seed,
+                            double std, at::ScalarType dtype);
+
 // Loads the selected tensors of the model at `path` as `dtype` (dummy models use seed 0 and
 // std 0.02, as `init-model` does by default).
 ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,

@@ -1,0 +1,262 @@
+// The paged, batched engine against a full recompute without cache, and against itself run
+// one request at a time.
+#include "cache/block_pool.h"
+#include "engine/engine.h"
+#include "engine/layers.h"
+#include "engine/model_shard.h"
+#include "engine/model_weights.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <numeric>
+#include <tuple>
+
+namespace kvpipe {
+namespace {
+
+ModelConfig small_config(int64_t heads, int64_t kv_heads, bool qkv_bias = false) {
+  ModelConfig c;
+  c.architecture = qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+  c.qkv_bias = qkv_bias;
+  c.vocab_size = 97;
+  c.hidden_size = 64;
+  c.num_layers = 3;
+  c.num_heads = heads;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = 64 / heads;
+  c.intermediate_size = 96;
+  c.max_position = 512;
+  c.rope_theta = 10000.0;
+  c.rms_eps = 1e-5;
+  c.eos_token_ids = {2};
+  return c;
+}
+
+WeightSelection whole(const ModelConfig& c) { return {{0, c.num_layers}, true, true}; }
+
+// Logits of every position of `tokens`, computed over the whole sequence at once with a
+// dense causal mask: no cache, no block tables, no chunking.
+at::Tensor full_recompute_logits(const ModelWeights& w, const std::vector<int64_t>& tokens) {
+  const ModelConfig& c = w.config;
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  const at::Tensor pos = at::arange(T, at::kLong);
+  const RopeTables rope = make_rope_tables(c.max_position, c.head_dim, c.rope_theta, at::kFloat);
+  at::Tensor h = w.embedding.index_select(0, at::tensor(tokens, at::kLong));
+  const at::Tensor mask = at::ones({T, T}, at::kBool).triu(1);
+  for (const LayerWeights& l : w.layer) {
+    const at::Tensor x = rms_norm(h, l.input_norm, c.rms_eps);
+    at::Tensor qkv = at::matmul(x, l.qkv.t());
+    if (l.qkv_bias.defined()) qkv = qkv + l.qkv_bias;
+    const int64_t qd = c.num_heads * c.head_dim, kd = c.num_kv_heads * c.head_dim;
+    at::Tensor q = apply_rope(qkv.narrow(1, 0, qd).reshape({T, c.num_heads, c.head_dim}), pos, rope);
+    at::Tensor k = apply_rope(qkv.narrow(1, qd, kd).reshape({T, c.num_kv_heads, c.head_dim}), pos, rope);
+    at::Tensor v = qkv.narrow(1, qd + kd, kd).reshape({T, c.num_kv_heads, c.head_dim});
+    k = k.repeat_interleave(group, 1);
+    v = v.repeat_interleave(group, 1);
+    at::Tensor scores = at::einsum("qhd,khd->hqk", {q, k}) / std::sqrt(static_cast<double>(c.head_dim));
+    scores = scores.masked_fill(mask, -INFINITY).softmax(-1);
+    const at::Tensor attn = at::einsum("hqk,khd->qhd", {scores, v}).reshape({T, qd});
+    h = h + at::matmul(attn, l.o.t());
+    const at::Tensor y = at::matmul(rms_norm(h, l.post_norm, c.rms_eps), l.gate_up.t());
+    h = h + at::matmul(swiglu(y), l.down.t());
+  }
+  return at::matmul(rms_norm(h, w.final_norm, c.rms_eps), w.lm_head.t());
+}
+
+struct Generated {
+  std::map<int64_t, std::vector<int64_t>> tokens;
+  std::map<int64_t, std::vector<at::Tensor>> logits;
+  int64_t preemptions = 0;
+};
+
+Generated run_engine(const ModelShard& shard, int64_t block_size, int64_t num_blocks,
+                     const std::vector<Request>& requests, int64_t max_batch = 32,
+                     int64_t max_tokens_per_step = 2048) {
+  BlockPool pool(shard.kv_shape(block_size), num_blocks, at::kFloat, at::kCPU);
+  LocalExecutor executor(shard, pool);
+  EngineOptions o;
+  o.scheduler.block_size = block_size;
+  o.scheduler.max_batch = max_batch;
+  o.scheduler.max_tokens_per_step = max_tokens_per_step;
+  o.scheduler.max_context = shard.config().max_position;
+  o.keep_logits = true;
+  Engine engine(executor, shard.config(), num_blocks, o);
+  for (const Request& r : requests) engine.add(r);
+  Generated g;
+  engine.run([&](const TokenEvent& ev) {
+    g.tokens[ev.request_id].push_back(ev.token);
+    g.logits[ev.request_id].push_back(at::from_blob(const_cast<float*>(ev.logits), {ev.vocab}).clone());
+  });
+  g.preemptions = engine.scheduler().stats().preemptions;
+  return g;
+}
+
+std::vector<int64_t> prompt_of(int64_t len, int64_t salt, int64_t vocab) {
+  std::vector<int64_t> p(len);
+  for (int64_t i = 0; i < len; ++i) p[i] = (i * 31 + salt * 17 + 3) % vocab;
+  return p;
+}
+
+Request make_request(int64_t id, std::vector<int64_t> prompt, int64_t max_new, int64_t arrival = 0) {
+  Request r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.max_new_tokens = max_new;
+  r.arrival_step = arrival;
+  r.ignore_eos = true;
+  return r;
+}
+
+class CachedDecode : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t>> {};
+
+TEST_P(CachedDecode, MatchesFullRecomputeFor64Steps) {
+  const auto [block_size, kv_heads, prompt_len] = GetParam();
+  const ModelConfig cfg = small_config(4, kv_heads);
+  const ModelWeights w = random_weights(cfg, whole(cfg), 7, 0.1, at::kFloat);
+  const ModelShard shard(w);
+  const std::vector<int64_t> prompt = prompt_of(prompt_len, 1, cfg.vocab_size);
+  const int64_t steps = 64;
+  const Generated g = run_engine(shard, block_size, 512 / block_size, {make_request(0, prompt, steps)});
+  ASSERT_EQ(static_cast<int64_t>(g.tokens.at(0).size()), steps);
+
+  std::vector<int64_t> all = prompt;
+  all.insert(all.end(), g.tokens.at(0).begin(), g.tokens.at(0).end());
+  const at::Tensor ref = full_recompute_logits(w, all);
+  double worst = 0.0;
+  for (int64_t s = 0; s < steps; ++s) {
+    const at::Tensor expected = ref[prompt_len - 1 + s];
+    worst = std::max(worst, (g.logits.at(0)[s] - expected).abs().max().item<double>());
+  }
+  EXPECT_LE(worst, 1e-4) << "block_size " << block_size << ", kv_heads " << kv_heads;
+}
+
+// Block sizes 1, 16, 32; MHA (4 kv heads) and GQA (2 kv heads); prompts shorter and longer
+// than a block.
+INSTANTIATE_TEST_SUITE_P(Engine, CachedDecode,
+                         ::testing::Combine(::testing::Values(1, 16, 32), ::testing::Values(4, 2),
+                                            ::testing::Values(5, 45)));
+
+TEST(EngineQwen2, BiasedProjectionsMatchFullRecompute) {
+  const ModelConfig cfg = small_config(4, 1, /*qkv_bias=*/true);
+  const ModelWeights w = random_weights(cfg, whole(cfg), 3, 0.1, at::kFloat);
+  const ModelShard shard(w);
+  const std::vector<int64_t> prompt = prompt_of(20, 2, cfg.vocab_size);
+  const Generated g = run_engine(shard, 16, 32, {make_request(0, prompt, 16)});
+  std::vector<int64_t> all = prompt;
+  all.insert(all.end(), g.tokens.at(0).begin(), g.tokens.at(0).end());
+  const at::Tensor ref = full_recompute_logits(w, all);
+  for (size_t s = 0; s < g.logits.at(0).size(); ++s)
+    EXPECT_LE((g.logits.at(0)[s] - ref[prompt.size() - 1 + s]).abs().max().item<double>(), 1e-4);
+}
+
+// Requests of different lengths joining at different steps, with prompts split into chunks
+// by a small token budget, must each get what they get alone.
+void expect_batch_matches_alone(const SamplingParams& sampling) {
+  const ModelConfig cfg = small_config(4, 2);
+  const ModelShard shard(random_weights(cfg, whole(cfg), 11, 0.1, at::kFloat));
+  std::vector<Request> requests;
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
+      {3, 20, 0}, {37, 12, 0}, {16, 25, 2}, {70, 8, 5}, {1, 30, 9}, {9, 15, 9}};
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto [len, max_new, arrival] = shapes[i];
+    Request r = make_request(static_cast<int64_t>(i), prompt_of(len, static_cast<int64_t>(i), cfg.vocab_size),
+                             max_new, arrival);
+    r.sampling = sampling;
+    requests.push_back(r);
+  }
+  const Generated batched = run_engine(shard, 16, 64, requests, /*max_batch=*/4, /*max_tokens_per_step=*/24);
+  for (const Request& r : requests) {
+    Request alone = r;
+    alone.arrival_step = 0;
+    const Generated single = run_engine(shard, 16, 64, {alone});
+    ASSERT_EQ(batched.tokens.at(r.id), single.tokens.at(r.id)) << "request " << r.id;
+    for (size_t s = 0; s < single.logits.at(r.id).size(); ++s)
+      EXPECT_LE((batched.logits.at(r.id)[s] - single.logits.at(r.id)[s]).abs().max().item<double>(), 1e-4)
+          << "request " << r.id << " step " << s;
+  }
+}
+
+TEST(EngineBatching, GreedyBatchMatchesEachRequestAlone) { expect_batch_matches_alone({}); }
+
+TEST(EngineBatching, SampledBatchMatchesEachRequestAlone) {
+  expect_batch_matches_alone(SamplingParams{0.8, 20, 0.9, 1234});
+}
+
+TEST(EngineCache, NoCacheTensorIsAllocatedInTheStepLoop) {
+  const ModelConfig cfg = small_config(4, 2);
+  const ModelShard shard(random_weights(cfg, whole(cfg), 1, 0.1, at::kFloat));
+  BlockPool pool(shard.kv_shape(16), 32, at::kFloat, at::kCPU);
+  const void* storage = pool.keys(0).data_ptr();
+  const int64_t before = BlockPool::tensors_allocated();
+  LocalExecutor executor(shard, pool);
+  EngineOptions o;
+  o.scheduler.max_context = cfg.max_position;
+  Engine engine(executor, cfg, 32, o);
+  for (int64_t i = 0; i < 4; ++i) engine.add(make_request(i, prompt_of(10 + 7 * i, i, cfg.vocab_size), 40));
+  engine.run();
+  EXPECT_EQ(BlockPool::tensors_allocated(), before);
+  EXPECT_EQ(pool.keys(0).data_ptr(), storage);
+  EXPECT_GE(engine.stats().steps, 40);  // one prefill step, then 39 decode steps
+}
+
+TEST(EngineCache, PressurePreemptsAndKeepsOutputs) {
+  const ModelConfig cfg = small_config(4, 2);
+  const ModelShard shard(random_weights(cfg, whole(cfg), 5, 0.1, at::kFloat));
+  std::vector<Request> requests;
+  for (int64_t i = 0; i < 6; ++i) requests.push_back(make_request(i, prompt_of(12 + i, i, cfg.vocab_size), 30));
+  const Generated ample = run_engine(shard, 8, 128, requests);
+  const Generated tight = run_engine(shard, 8, 7, requests);  // 7 blocks of 8 tokens for six requests
+  EXPECT_GT(tight.preemptions, 0);
+  EXPECT_EQ(ample.preemptions, 0);
+  for (const Request& r : requests) EXPECT_EQ(tight.tokens.at(r.id), ample.tokens.at(r.id)) << "request " << r.id;
+}
+
+TEST(EngineRequests, BadRequestsAreRefused) {
+  const ModelConfig cfg = small_config(4, 2);
+  const ModelShard shard(random_weights(cfg, whole(cfg), 5, 0.1, at::kFloat));
+  BlockPool pool(shard.kv_shape(16), 4, at::kFloat, at::kCPU);
+  LocalExecutor executor(shard, pool);
+  EngineOptions o;
+  o.scheduler.max_context = cfg.max_position;
+  Engine engine(executor, cfg, 4, o);
+  auto message = [&](const Request& r) {
+    try {
+      engine.add(r);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message(make_request(1, {1, 2, 97}, 4)).find("outside the vocabulary"), std::string::npos);
+  EXPECT_NE(message(make_request(2, prompt_of(600, 0, 97), 4)).find("context"), std::string::npos);
+  EXPECT_NE(message(make_request(3, prompt_of(40, 0, 97), 40)).find("KV blocks"), std::string::npos);
+  EXPECT_EQ(message(make_request(4, prompt_of(40, 0, 97), 20)), "accepted");  // 59 tokens in 64 slots
+}
+
+TEST(EngineRequests, StopsAtEos) {
+  const ModelConfig cfg = small_config(4, 2);
+  const ModelShard shard(random_weights(cfg, whole(cfg), 5, 0.1, at::kFloat));
+  Request r = make_request(0, prompt_of(8, 0, cfg.vocab_size), 20);
+  const Generated free_run = run_engine(shard, 16, 8, {r});
+  // Make the third generated token the end of sequence: generation must stop right there.
+  ModelConfig with_eos = cfg;
+  with_eos.eos_token_ids = {free_run.tokens.at(0)[2]};
+  BlockPool pool(shard.kv_shape(16), 8, at::kFloat, at::kCPU);
+  LocalExecutor executor(shard, pool);
+  EngineOptions o;
+  o.scheduler.max_context = cfg.max_position;
+  Engine engine(executor, with_eos, 8, o);
+  r.ignore_eos = false;
+  engine.add(r);
+  engine.run();
+  const RequestResult res = engine.results().at(0);
+  EXPECT_EQ(res.finish_reason, "stop");
+  const auto first = std::find(free_run.tokens.at(0).begin(), free_run.tokens.at(0).end(), with_eos.eos_token_ids[0]);
+  EXPECT_EQ(res.output_ids.size(), static_cast<size_t>(first - free_run.tokens.at(0).begin()) + 1);
+}
+
+}  // namespace
+}  // namespace kvpipe
