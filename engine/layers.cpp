@@ -1,5 +1,7 @@
 #include "engine/layers.h"
 
+#include "engine/gemv.h"
+
 #include <ATen/ATen.h>
 
 #include <limits>
@@ -34,11 +36,7 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& positions, const Ro
 }
 
 at::Tensor dense(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (x.size(0) == 1 && x.is_cpu()) {
-    at::Tensor y = at::mv(weight, x[0]);
-    if (bias.defined()) y.add_(bias);
-    return y.unsqueeze(0);
-  }
+  if (x.size(0) == 1 && x.is_cpu()) return gemv(weight, x[0], bias).unsqueeze(0);
   return bias.defined() ? at::addmm(bias, x, weight.t()) : at::mm(x, weight.t());
 }
 

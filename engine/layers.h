@@ -3,8 +3,8 @@
 // Each function follows the HF reference implementation (RMSNorm in the input dtype with
 // float32 statistics, RoPE in the rotate-half convention, SwiGLU) and is checked against an
 // independent float64 computation in the tests. `dense` dispatches a single row to a
-// matrix-vector product: BLAS gemm on one row runs at a third of the memory bandwidth that
-// gemv reaches, and batch-1 decode is bound by exactly that bandwidth.
+// matrix-vector product (engine/gemv.h): BLAS gemm on one row runs at a third of the memory
+// bandwidth that gemv reaches, and batch-1 decode is bound by exactly that bandwidth.
 #pragma once
 
 #include <ATen/Tensor.h>

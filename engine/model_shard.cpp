@@ -33,10 +33,12 @@ at::Tensor ModelShard::attention_block(const at::Tensor& x, int64_t local, const
   const int64_t T = x.size(0), q_dim = c.num_heads * c.head_dim,
                 kv_dim = c.num_kv_heads * c.head_dim;
   const at::Tensor qkv = dense(x, w.qkv, w.qkv_bias);
-  const at::Tensor q = apply_rope(qkv.narrow(1, 0, q_dim).view({T, c.num_heads, c.head_dim}),
-                                  ctx.positions, rope_);
-  const at::Tensor k = apply_rope(qkv.narrow(1, q_dim, kv_dim).view({T, c.num_kv_heads, c.head_dim}),
-                                  ctx.positions, rope_);
+  // q and k heads are adjacent in the fused projection: rotate them in one pass.
+  const int64_t qk_heads = c.num_heads + c.num_kv_heads;
+  const at::Tensor qk = apply_rope(qkv.narrow(1, 0, q_dim + kv_dim).view({T, qk_heads, c.head_dim}),
+                                   ctx.positions, rope_);
+  const at::Tensor q = qk.narrow(1, 0, c.num_heads);
+  const at::Tensor k = qk.narrow(1, c.num_heads, c.num_kv_heads);
   const at::Tensor v = qkv.narrow(1, q_dim + kv_dim, kv_dim).reshape({T, c.num_kv_heads, c.head_dim});
   pool.write(local, ctx.slots, k, v);
 

@@ -119,13 +119,20 @@ void generate(const GenerateOptions& o, World& world) {
   }
   std::cout.flush();
   const EngineStats& st = engine.stats();
+  // A decode step reads every weight but the embedding table, of which it reads one row.
+  const int64_t decode_bytes = shard.weights().bytes() -
+                               (shard.has_embedding() && shard.weights().embedding.data_ptr() != shard.weights().lm_head.data_ptr()
+                                    ? shard.weights().embedding.numel() * shard.weights().embedding.element_size()
+                                    : 0);
   std::fprintf(stderr,
                "timing: %zu requests, %lld prompt tokens, %lld generated tokens in %.3f s "
-               "(%.1f tokens/s generated), %lld steps, mean step %.2f ms, %lld preemptions\n",
+               "(%.1f tokens/s generated), %lld steps, mean step %.2f ms, %lld preemptions, "
+               "%lld weight bytes read per decode step\n",
                engine.results().size(), static_cast<long long>(prompt_tokens),
                static_cast<long long>(generated), wall_s, generated / std::max(wall_s, 1e-9),
                static_cast<long long>(st.steps), st.step_ms_total / std::max<int64_t>(st.steps, 1),
-               static_cast<long long>(engine.scheduler().stats().preemptions));
+               static_cast<long long>(engine.scheduler().stats().preemptions),
+               static_cast<long long>(decode_bytes));
 }
 
 }  // namespace kvpipe
