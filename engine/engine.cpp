@@ -22,11 +22,25 @@ StepOutput sample_batch(const StepBatch& batch, const at::Tensor& logits) {
   return out;
 }
 
-StepOutput LocalExecutor::execute(const StepBatch& batch) {
-  const StepContext ctx = make_step_context(batch, pool_.block_size());
-  const at::Tensor ids = at::tensor(batch.token_ids, at::kLong);
-  const at::Tensor hidden = shard_.forward(shard_.embed(ids), batch, ctx, pool_);
-  return sample_batch(batch, shard_.logits(hidden.index_select(0, ctx.sample_rows)));
+StageResult run_stage(const ModelShard& shard, BlockPool& pool, const StepBatch& batch,
+                      const at::Tensor& hidden) {
+  const StepContext ctx = make_step_context(batch, pool.block_size());
+  const at::Tensor input =
+      shard.has_embedding() ? shard.embed(at::tensor(batch.token_ids, at::kLong)) : hidden;
+  StageResult r;
+  r.hidden = shard.forward(input, batch, ctx, pool);
+  if (shard.has_head()) r.output = sample_batch(batch, shard.logits(r.hidden.index_select(0, ctx.sample_rows)));
+  return r;
+}
+
+void LocalExecutor::submit(const StepBatch& batch) {
+  done_.push_back(run_stage(shard_, pool_, batch, {}).output);
+}
+
+StepOutput LocalExecutor::wait() {
+  StepOutput out = std::move(done_.front());
+  done_.pop_front();
+  return out;
 }
 
 Engine::Engine(StepExecutor& executor, const ModelConfig& model, int64_t num_blocks,
@@ -43,19 +57,39 @@ void Engine::add(const Request& r) {
 }
 
 void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
-  std::vector<Sequence*> seqs;
-  for (int64_t step = 0; !scheduler_.done(); ++step) {
-    StepBatch batch = scheduler_.schedule(step, seqs);
-    if (batch.seqs.empty()) continue;  // nothing arrived yet
-    batch.want_logits = options_.keep_logits;
-    const auto t0 = Clock::now();
-    const StepOutput out = executor_.execute(batch);
-    stats_.step_ms_total += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  struct InFlight {
+    StepBatch batch;
+    std::vector<Sequence*> seqs;
+    Clock::time_point submitted;
+  };
+  std::deque<InFlight> flight;
+  int64_t step = 0;
+  while (!scheduler_.done()) {
+    while (flight.size() < executor_.max_in_flight()) {
+      InFlight f;
+      f.batch = scheduler_.schedule(step, f.seqs);
+      if (f.batch.seqs.empty()) break;
+      ++step;
+      f.batch.want_logits = options_.keep_logits;
+      f.submitted = Clock::now();
+      executor_.submit(f.batch);
+      flight.push_back(std::move(f));
+    }
+    if (flight.empty()) {  // nothing has arrived yet
+      ++step;
+      continue;
+    }
+    const StepOutput out = executor_.wait();
+    InFlight f = std::move(flight.front());
+    flight.pop_front();
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - f.submitted).count();
+    stats_.step_ms_total += ms;
+    stats_.step_ms.push_back(ms);
     ++stats_.steps;
-    for (const SeqStep& s : batch.seqs) (s.sample ? stats_.decode_tokens : stats_.prefill_tokens) += s.num_new;
+    for (const SeqStep& s : f.batch.seqs) (s.sample ? stats_.decode_tokens : stats_.prefill_tokens) += s.num_new;
     if (on_token) {
       size_t row = 0;
-      for (const SeqStep& s : batch.seqs) {
+      for (const SeqStep& s : f.batch.seqs) {
         if (!s.sample) continue;
         TokenEvent ev;
         ev.request_id = s.request_id;
@@ -69,7 +103,7 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
         ++row;
       }
     }
-    scheduler_.update(batch, seqs, out, model_.eos_token_ids);
+    scheduler_.update(f.batch, f.seqs, out, model_.eos_token_ids);
   }
 }
 

@@ -10,17 +10,21 @@
 #include "engine/scheduler.h"
 #include "engine/step_batch.h"
 
+#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
 
 namespace kvpipe {
 
-// Runs one step's batch and returns the sampled tokens.
+// Runs micro-batches: `submit` starts one, `wait` returns the oldest one's sampled tokens
+// (outputs come back in submission order). Up to max_in_flight() may be outstanding.
 class StepExecutor {
  public:
   virtual ~StepExecutor() = default;
-  virtual StepOutput execute(const StepBatch& batch) = 0;
+  virtual size_t max_in_flight() const { return 1; }
+  virtual void submit(const StepBatch& batch) = 0;
+  virtual StepOutput wait() = 0;
 };
 
 // Samples every row of `logits` ([S, vocab], one per sampled sequence of `batch`).
@@ -30,12 +34,24 @@ StepOutput sample_batch(const StepBatch& batch, const at::Tensor& logits);
 class LocalExecutor : public StepExecutor {
  public:
   LocalExecutor(const ModelShard& shard, BlockPool& pool) : shard_(shard), pool_(pool) {}
-  StepOutput execute(const StepBatch& batch) override;
+  void submit(const StepBatch& batch) override;
+  StepOutput wait() override;
 
  private:
   const ModelShard& shard_;
   BlockPool& pool_;
+  std::deque<StepOutput> done_;
 };
+
+// Runs `batch` through `shard`: embeds the token ids when the shard is the first stage
+// (otherwise takes `hidden`), and returns the hidden states, or the sampled tokens when the
+// shard is the last stage.
+struct StageResult {
+  at::Tensor hidden;
+  StepOutput output;
+};
+StageResult run_stage(const ModelShard& shard, BlockPool& pool, const StepBatch& batch,
+                      const at::Tensor& hidden);
 
 struct TokenEvent {
   int64_t request_id = 0;
@@ -60,10 +76,11 @@ struct EngineOptions {
 };
 
 struct EngineStats {
-  int64_t steps = 0;
+  int64_t steps = 0;            // micro-batches run
   int64_t prefill_tokens = 0;   // tokens computed that were not sampled from
   int64_t decode_tokens = 0;    // tokens computed whose logits were sampled
-  double step_ms_total = 0.0;
+  double step_ms_total = 0.0;   // end to end: submitted -> tokens back
+  std::vector<double> step_ms;  // every micro-batch's end-to-end latency
 };
 
 class Engine {

@@ -84,26 +84,40 @@ StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences) {
                            s.tokens.begin() + s.num_computed + n);
     batch.seqs.push_back(std::move(st));
     sequences.push_back(&s);
+    s.in_flight = true;
     budget -= n;
+  };
+  // The most recently admitted sequence that is not in flight.
+  auto victim = [&]() -> Sequence* {
+    for (auto it = running_.rbegin(); it != running_.rend(); ++it)
+      if (!(*it)->in_flight) return *it;
+    return nullptr;
   };
 
   bool preempted = false;
-  for (size_t i = 0; i < running_.size() && budget > 0 &&
-                     static_cast<int64_t>(batch.seqs.size()) < options_.max_batch;
-       ++i) {
-    Sequence& s = *running_[i];
+  std::vector<Sequence*> candidates;
+  for (Sequence* s : running_)
+    if (!s->in_flight) candidates.push_back(s);
+  for (Sequence* cand : candidates) {
+    if (budget <= 0 || static_cast<int64_t>(batch.seqs.size()) >= options_.max_batch) break;
+    Sequence& s = *cand;
+    if (std::find(running_.begin(), running_.end(), &s) == running_.end()) continue;  // preempted above
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - s.num_computed, budget);
-    bool self_preempted = false;
+    bool stalled = false;
     while (!grow(s, s.num_computed + n)) {
-      Sequence* victim = running_.back();
-      preempt(*victim);
+      Sequence* v = victim();
+      if (v == nullptr) {  // everything else is in flight: wait for it to come back
+        stalled = true;
+        break;
+      }
+      preempt(*v);
       preempted = true;
-      if (victim == &s) {
-        self_preempted = true;
+      if (v == &s) {
+        stalled = true;
         break;
       }
     }
-    if (self_preempted) break;
+    if (stalled) continue;
     take(s, n);
   }
 
@@ -127,6 +141,7 @@ void Scheduler::update(const StepBatch& computed, const std::vector<Sequence*>& 
   for (size_t i = 0; i < sequences.size(); ++i) {
     Sequence& s = *sequences[i];
     const SeqStep& st = computed.seqs[i];
+    s.in_flight = false;
     s.num_computed += st.num_new;
     if (!st.sample) continue;
     const int64_t token = output.tokens.at(sampled++);

@@ -40,6 +40,7 @@ struct Sequence {
   std::vector<int32_t> blocks;
   std::string finish_reason;        // empty while running
   int64_t preemptions = 0;
+  bool in_flight = false;           // part of a micro-batch whose tokens have not come back
   Clock::time_point arrival_time{}, first_token_time{}, last_token_time{};
 
   int64_t num_output() const { return static_cast<int64_t>(tokens.size() - request.prompt.size()); }
@@ -66,12 +67,14 @@ class Scheduler {
   // request when it can never run) and queues it for its arrival step.
   Sequence* add(const Request& request);
 
-  // The next step's batch; empty when nothing can run at `step` (every request finished or
-  // not yet arrived). `sequences` receives the scheduled sequences, in batch order.
+  // The next micro-batch; empty when nothing can run at `step` (every request finished,
+  // in flight, or not yet arrived). Sequences of batches still in flight are skipped and
+  // never preempted, so micro-batches in flight are disjoint and their blocks stay put.
+  // `sequences` receives the scheduled sequences, in batch order.
   StepBatch schedule(int64_t step, std::vector<Sequence*>& sequences);
 
-  // Appends the sampled tokens after a step, finishing and freeing sequences as they end.
-  // `computed` is the batch the step ran.
+  // Appends the sampled tokens of a micro-batch that came back, finishing and freeing
+  // sequences as they end. `computed` is the batch that ran.
   void update(const StepBatch& computed, const std::vector<Sequence*>& sequences,
               const StepOutput& output, const std::vector<int64_t>& eos_ids);
 

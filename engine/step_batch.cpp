@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstring>
 #include <stdexcept>
 
 namespace kvpipe {
@@ -34,6 +35,65 @@ StepContext make_step_context(const StepBatch& batch, int64_t block_size) {
   ctx.slots = slots;
   ctx.sample_rows = at::tensor(rows, at::kLong);
   return ctx;
+}
+
+namespace {
+
+int64_t double_bits(double v) {
+  int64_t w;
+  std::memcpy(&w, &v, sizeof(w));
+  return w;
+}
+
+double bits_double(int64_t w) {
+  double v;
+  std::memcpy(&v, &w, sizeof(v));
+  return v;
+}
+
+}  // namespace
+
+std::vector<int64_t> encode_step_header(const StepBatch& batch, int64_t micro_batch) {
+  std::vector<int64_t> w = {micro_batch, static_cast<int64_t>(batch.seqs.size()), batch.num_tokens(),
+                            batch.want_logits ? 1 : 0};
+  for (const SeqStep& s : batch.seqs) {
+    w.insert(w.end(), {s.request_id, s.context_len, s.num_new, s.output_index, s.sample ? 1 : 0,
+                       double_bits(s.sampling.temperature), s.sampling.top_k, double_bits(s.sampling.top_p),
+                       static_cast<int64_t>(s.sampling.seed), static_cast<int64_t>(s.block_table.size())});
+    w.insert(w.end(), s.block_table.begin(), s.block_table.end());
+  }
+  return w;
+}
+
+StepBatch decode_step_header(const std::vector<int64_t>& w, int64_t* micro_batch) {
+  size_t i = 0;
+  auto next = [&]() {
+    if (i >= w.size()) throw std::runtime_error("step header is truncated");
+    return w[i++];
+  };
+  StepBatch b;
+  *micro_batch = next();
+  const int64_t seqs = next();
+  const int64_t tokens = next();
+  b.want_logits = next() != 0;
+  for (int64_t k = 0; k < seqs; ++k) {
+    SeqStep s;
+    s.request_id = next();
+    s.context_len = next();
+    s.num_new = next();
+    s.output_index = next();
+    s.sample = next() != 0;
+    s.sampling.temperature = bits_double(next());
+    s.sampling.top_k = static_cast<int>(next());
+    s.sampling.top_p = bits_double(next());
+    s.sampling.seed = static_cast<uint64_t>(next());
+    const int64_t blocks = next();
+    for (int64_t j = 0; j < blocks; ++j) s.block_table.push_back(static_cast<int32_t>(next()));
+    b.seqs.push_back(std::move(s));
+  }
+  // Stages after the first carry no token ids but must know how many rows arrive.
+  b.token_ids.assign(tokens, 0);
+  return b;
 }
 
 }  // namespace kvpipe

@@ -47,7 +47,13 @@ struct StepContext {
 
 StepContext make_step_context(const StepBatch& batch, int64_t block_size);
 
+// The wire format of a step header between pipeline stages: `batch` without its token ids
+// (only the first stage needs them) as int64 words, led by the micro-batch id.
+std::vector<int64_t> encode_step_header(const StepBatch& batch, int64_t micro_batch);
+StepBatch decode_step_header(const std::vector<int64_t>& words, int64_t* micro_batch);
+
 struct StepOutput {
+  int64_t micro_batch = 0;
   std::vector<int64_t> request_ids;  // one per sampled sequence, in batch order
   std::vector<int64_t> tokens;
   at::Tensor logits;                 // float32 [S, vocab] when asked for

@@ -48,19 +48,21 @@ std::vector<int64_t> parse_id_list(const std::string& text) {
 template <typename F>
 int guarded(F&& body, World* world) {
   int code = kExitOk;
+  const std::string who =
+      world && world->size() > 1 ? "kvpipe: rank " + std::to_string(world->rank()) + ": " : "kvpipe: ";
   try {
     body();
   } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "kvpipe: error: %s\n", e.what());
+    std::fprintf(stderr, "%serror: %s\n", who.c_str(), e.what());
     code = kExitBadInput;
   } catch (const std::exception& e) {
     std::string msg = e.what();
     msg = msg.substr(0, msg.find('\n'));  // c10::Error appends a backtrace
-    std::fprintf(stderr, "kvpipe: internal error: %s\n", msg.c_str());
+    std::fprintf(stderr, "%sinternal error: %s\n", who.c_str(), msg.c_str());
     code = kExitInternal;
   }
   if (code != kExitOk && world && world->size() > 1) {
-    std::fprintf(stderr, "kvpipe: rank %d failed, stopping the job\n", world->rank());
+    std::fprintf(stderr, "kvpipe: rank %d failed, stopping every rank of the job\n", world->rank());
     std::fflush(stderr);
     world->abort(code);
   }

@@ -6,11 +6,15 @@
 #include "engine/model_weights.h"
 #include "launch/job_config.h"
 #include "launch/job_plan.h"
+#include "engine/pipeline_executor.h"
+#include "parallel/communicator.h"
+#include "parallel/pipeline_channel.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -55,35 +59,17 @@ std::vector<float> log_softmax(const float* logits, int64_t vocab) {
 
 }  // namespace
 
-void generate(const GenerateOptions& o, World& world) {
-  if (o.max_new_tokens && *o.max_new_tokens < 1)
-    throw std::invalid_argument("--max-new-tokens: must be at least 1");
-  const JobConfig job = load_job_config(o.config, o.overrides);
-  if (world.size() > 1)
-    throw std::invalid_argument("this build runs one rank per job; got " + std::to_string(world.size()));
-  at::set_num_threads(job.runtime.threads);
+namespace {
 
-  const JobPlan plan = plan_job(job, world.size());
-  if (plan.dtype != at::kFloat)
-    throw std::invalid_argument(job.source + ": model.dtype " + job.model.dtype +
-                                " is not supported on CPU (use float32)");
-  print_plan(std::cerr, plan);
-  const StagePlan& stage = plan.partition.stages[world.rank()];
-
-  WeightSelection sel;
-  sel.layers = {stage.first_layer, stage.first_layer + stage.num_layers};
-  sel.embedding = world.rank() == 0;
-  sel.head = world.rank() == world.size() - 1;
-  ModelShard shard(load_weights(job.model.path, plan.model, sel, plan.dtype));
-  BlockPool pool(shard.kv_shape(plan.block_size), plan.partition.num_blocks, plan.dtype, at::kCPU);
-
+// Rank 0: schedules, runs stage 0 (or the whole model), prints the results.
+void run_coordinator(const GenerateOptions& o, const JobConfig& job, const JobPlan& plan,
+                     const ModelShard& shard, StepExecutor& executor) {
   EngineOptions eo;
   eo.scheduler.block_size = plan.block_size;
   eo.scheduler.max_batch = job.scheduler.max_batch;
   eo.scheduler.max_tokens_per_step = job.scheduler.max_tokens_per_step;
   eo.scheduler.max_context = plan.model.max_position;
   eo.keep_logits = !o.logprobs_out.empty();
-  LocalExecutor executor(shard, pool);
   Engine engine(executor, plan.model, plan.partition.num_blocks, eo);
   for (const Request& r : job_requests(job, o)) engine.add(r);
 
@@ -119,20 +105,77 @@ void generate(const GenerateOptions& o, World& world) {
   }
   std::cout.flush();
   const EngineStats& st = engine.stats();
+  std::vector<double> steps = st.step_ms;
+  std::sort(steps.begin(), steps.end());
+  const double median_step = steps.empty() ? 0.0 : steps[steps.size() / 2];
   // A decode step reads every weight but the embedding table, of which it reads one row.
-  const int64_t decode_bytes = shard.weights().bytes() -
-                               (shard.has_embedding() && shard.weights().embedding.data_ptr() != shard.weights().lm_head.data_ptr()
-                                    ? shard.weights().embedding.numel() * shard.weights().embedding.element_size()
-                                    : 0);
+  const ModelWeights& w = shard.weights();
+  const bool separate_embedding =
+      w.embedding.defined() && !(w.lm_head.defined() && w.lm_head.data_ptr() == w.embedding.data_ptr());
+  const int64_t decode_bytes = w.bytes() - (separate_embedding ? w.embedding.nbytes() : 0);
   std::fprintf(stderr,
                "timing: %zu requests, %lld prompt tokens, %lld generated tokens in %.3f s "
-               "(%.1f tokens/s generated), %lld steps, mean step %.2f ms, %lld preemptions, "
-               "%lld weight bytes read per decode step\n",
+               "(%.1f tokens/s generated), %lld micro-batch steps, step latency mean %.2f ms "
+               "median %.2f ms, %lld preemptions, %lld weight bytes read per decode step on rank 0\n",
                engine.results().size(), static_cast<long long>(prompt_tokens),
                static_cast<long long>(generated), wall_s, generated / std::max(wall_s, 1e-9),
                static_cast<long long>(st.steps), st.step_ms_total / std::max<int64_t>(st.steps, 1),
-               static_cast<long long>(engine.scheduler().stats().preemptions),
+               median_step, static_cast<long long>(engine.scheduler().stats().preemptions),
                static_cast<long long>(decode_bytes));
+}
+
+}  // namespace
+
+void generate(const GenerateOptions& o, World& world) {
+  if (o.max_new_tokens && *o.max_new_tokens < 1)
+    throw std::invalid_argument("--max-new-tokens: must be at least 1");
+  const JobConfig job = load_job_config(o.config, o.overrides);
+  at::set_num_threads(job.runtime.threads);
+
+  const JobPlan plan = plan_job(job, world.size());
+  if (plan.dtype != at::kFloat)
+    throw std::invalid_argument(job.source + ": model.dtype " + job.model.dtype +
+                                " is not supported on CPU (use float32)");
+  // The communicator comes first: a backend that cannot run fails before any weight loads.
+  std::unique_ptr<Communicator> comm;
+  if (world.size() > 1) comm = make_communicator(job.parallel.backend, world);
+  else if (job.parallel.backend == "nccl") make_nccl_communicator(world);
+  if (world.is_coordinator()) print_plan(std::cerr, plan);
+  const StagePlan& stage = plan.partition.stages[world.rank()];
+
+  WeightSelection sel;
+  sel.layers = {stage.first_layer, stage.first_layer + stage.num_layers};
+  sel.embedding = world.rank() == 0;
+  sel.head = world.rank() == world.size() - 1;
+  const ModelShard shard(load_weights(job.model.path, plan.model, sel, plan.dtype));
+  BlockPool pool(shard.kv_shape(plan.block_size), plan.partition.num_blocks, plan.dtype, at::kCPU);
+
+  if (world.size() == 1) {
+    LocalExecutor executor(shard, pool);
+    run_coordinator(o, job, plan, shard, executor);
+    return;
+  }
+  PipelineChannel channel(world, *comm);
+  const size_t micro_batches =
+      job.parallel.micro_batches > 0 ? static_cast<size_t>(job.parallel.micro_batches) : static_cast<size_t>(world.size());
+  if (world.is_coordinator()) channel.start();
+  else channel.start_on_first_message();
+  if (world.is_coordinator()) {
+    PipelineExecutor executor(shard, pool, channel, world.size(), micro_batches);
+    run_coordinator(o, job, plan, shard, executor);
+    executor.shutdown();
+  } else {
+    run_stage_worker(shard, pool, channel, world.rank(), world.size());
+  }
+  channel.stop();
+  const std::vector<RankTimes> times = channel.gather_times();
+  for (size_t r = 0; r < times.size(); ++r) {
+    const RankTimes& t = times[r];
+    const double total = std::max(t.total_s, 1e-9);
+    std::fprintf(stderr, "rank %zu: busy %.1f%%, wait %.1f%%, comm %.1f%% of %.3f s (%s)\n", r,
+                 100.0 * t.compute_s / total, 100.0 * t.wait_s / total, 100.0 * t.comm_s / total, t.total_s,
+                 comm->name().c_str());
+  }
 }
 
 }  // namespace kvpipe

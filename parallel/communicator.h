@@ -1,0 +1,50 @@
+// Communicator: point-to-point transfer of activation tensors between pipeline ranks.
+//
+// Two backends behind one interface: MPI for tensors in host memory (CPU runs, and every
+// test on machines without a GPU), and NCCL for CUDA tensors, compiled when CUDA and NCCL
+// are found. A send returns at once with a handle that keeps the tensor alive until the
+// transfer is done, so a stage never blocks on a neighbour that is still computing (blocking
+// sends between the first and last stage deadlock once messages exceed the eager limit).
+// Receives are blocking (MPI) or ordered on the compute stream (NCCL).
+#pragma once
+
+#include "parallel/world.h"
+
+#include <ATen/Tensor.h>
+
+#include <memory>
+#include <string>
+
+namespace kvpipe {
+
+class PendingSend {
+ public:
+  virtual ~PendingSend() = default;
+  virtual bool done() = 0;   // non-blocking check
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual std::string name() const = 0;
+  // Device the tensors of this backend live on.
+  virtual at::Device device() const = 0;
+  virtual std::unique_ptr<PendingSend> isend(const at::Tensor& tensor, int peer) = 0;
+  // Fills `tensor` (allocated by the caller with the sender's shape and dtype).
+  virtual void recv(at::Tensor& tensor, int peer) = 0;
+};
+
+std::unique_ptr<Communicator> make_mpi_communicator(const World& world);
+
+// Throws std::invalid_argument when the build has no NCCL or the machine no GPU.
+std::unique_ptr<Communicator> make_nccl_communicator(const World& world);
+
+// Whether this build has the NCCL backend and this process sees a CUDA device.
+bool cuda_device_available();
+
+// `backend` is auto | mpi | nccl; auto picks NCCL when tensors live on a GPU (a CUDA
+// device is present and LibTorch can use it), MPI otherwise.
+std::unique_ptr<Communicator> make_communicator(const std::string& backend, const World& world);
+
+}  // namespace kvpipe

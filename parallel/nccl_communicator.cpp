@@ -1,0 +1,113 @@
+// The NCCL backend: compiled only when CUDA and NCCL were found at configure time.
+#include "parallel/communicator.h"
+
+#include <ATen/ATen.h>
+#include <mpi.h>
+
+#include <stdexcept>
+#include <string>
+
+#ifdef KVPIPE_HAVE_NCCL
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+namespace kvpipe {
+namespace {
+
+void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+void check_nccl(ncclResult_t res, const char* what) {
+  if (res != ncclSuccess) throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(res));
+}
+
+// The legacy default stream: LibTorch computes on it unless told otherwise, so sends and
+// receives issued on it are ordered with the compute without an extra synchronisation.
+cudaStream_t compute_stream() { return cudaStreamLegacy; }
+
+class NcclPendingSend : public PendingSend {
+ public:
+  NcclPendingSend(at::Tensor tensor, cudaEvent_t event) : tensor_(std::move(tensor)), event_(event) {}
+  ~NcclPendingSend() override {
+    wait();
+    cudaEventDestroy(event_);
+  }
+  bool done() override { return cudaEventQuery(event_) == cudaSuccess; }
+  void wait() override { cudaEventSynchronize(event_); }
+
+ private:
+  at::Tensor tensor_;
+  cudaEvent_t event_;
+};
+
+class NcclCommunicator : public Communicator {
+ public:
+  explicit NcclCommunicator(const World& world) : device_index_(world.local_rank()) {
+    int devices = 0;
+    check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
+    device_index_ = world.local_rank() % devices;
+    check_cuda(cudaSetDevice(device_index_), "cudaSetDevice");
+    // One communicator per job: rank 0 makes the id, MPI carries it to every rank.
+    ncclUniqueId id;
+    if (world.rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+    check_nccl(ncclCommInitRank(&comm_, world.size(), id, world.rank()), "ncclCommInitRank");
+  }
+  ~NcclCommunicator() override { ncclCommDestroy(comm_); }
+
+  std::string name() const override { return "nccl"; }
+  at::Device device() const override { return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index_)); }
+
+  std::unique_ptr<PendingSend> isend(const at::Tensor& tensor, int peer) override {
+    at::Tensor t = tensor.contiguous();
+    check_nccl(ncclSend(t.data_ptr(), t.nbytes(), ncclUint8, peer, comm_, compute_stream()), "ncclSend");
+    cudaEvent_t event;
+    check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventRecord(event, compute_stream()), "cudaEventRecord");
+    return std::make_unique<NcclPendingSend>(std::move(t), event);
+  }
+
+  void recv(at::Tensor& tensor, int peer) override {
+    check_nccl(ncclRecv(tensor.data_ptr(), tensor.nbytes(), ncclUint8, peer, comm_, compute_stream()), "ncclRecv");
+  }
+
+ private:
+  int device_index_ = 0;
+  ncclComm_t comm_ = nullptr;
+};
+
+}  // namespace
+
+bool cuda_device_available() {
+  int devices = 0;
+  return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(const World& world) {
+  int devices = 0;
+  const cudaError_t err = cudaGetDeviceCount(&devices);
+  if (err != cudaSuccess || devices == 0)
+    throw std::invalid_argument(std::string("parallel.backend: nccl needs a CUDA GPU, and rank ") +
+                                std::to_string(world.rank()) + " sees none (" +
+                                (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices") + ")");
+  if (!at::hasCUDA())
+    throw std::invalid_argument("parallel.backend: nccl needs a CUDA-enabled LibTorch; this one is CPU-only");
+  return std::make_unique<NcclCommunicator>(world);
+}
+
+}  // namespace kvpipe
+
+#else  // !KVPIPE_HAVE_NCCL
+
+namespace kvpipe {
+
+bool cuda_device_available() { return false; }
+
+std::unique_ptr<Communicator> make_nccl_communicator(const World&) {
+  throw std::invalid_argument("parallel.backend: nccl is not available: kvpipe was built without CUDA/NCCL");
+}
+
+}  // namespace kvpipe
+
+#endif

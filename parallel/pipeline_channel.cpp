@@ -1,0 +1,137 @@
+#include "parallel/pipeline_channel.h"
+
+#include <ATen/ATen.h>
+#include <mpi.h>
+
+#include <stdexcept>
+
+namespace kvpipe {
+namespace {
+
+constexpr int kHeaderTag = 1;
+// Words the channel appends to a header: dtype, rank, then the dims.
+constexpr int64_t kNoTensor = -1;
+
+double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+PipelineChannel::PipelineChannel(const World& world, Communicator& comm) : world_(world), comm_(comm) {}
+
+PipelineChannel::~PipelineChannel() {
+  try {
+    flush();
+  } catch (...) {
+  }
+}
+
+void PipelineChannel::reap() {
+  while (!pending_.empty()) {
+    Pending& p = *pending_.front();
+    int flag = 0;
+    auto* req = static_cast<MPI_Request*>(p.header_request);
+    MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+    if (!flag || (p.tensor && !p.tensor->done())) break;
+    delete req;
+    pending_.pop_front();
+  }
+}
+
+void PipelineChannel::send(int peer, const std::vector<int64_t>& header, const at::Tensor& tensor) {
+  const auto t0 = Clock::now();
+  reap();
+  auto p = std::make_unique<Pending>();
+  p->header = header;
+  if (tensor.defined()) {
+    p->header.push_back(static_cast<int64_t>(tensor.scalar_type()));
+    p->header.push_back(tensor.dim());
+    for (int64_t d : tensor.sizes()) p->header.push_back(d);
+  } else {
+    p->header.push_back(kNoTensor);
+  }
+  p->header.push_back(static_cast<int64_t>(header.size()));
+  auto* req = new MPI_Request;
+  MPI_Isend(p->header.data(), static_cast<int>(p->header.size()), MPI_INT64_T, peer, kHeaderTag, MPI_COMM_WORLD, req);
+  p->header_request = req;
+  if (tensor.defined()) p->tensor = comm_.isend(tensor, peer);
+  pending_.push_back(std::move(p));
+  comm_s_ += seconds(Clock::now() - t0);
+}
+
+Message PipelineChannel::recv(int peer) {
+  const auto t0 = Clock::now();
+  MPI_Status status;
+  MPI_Probe(peer, kHeaderTag, MPI_COMM_WORLD, &status);
+  const auto t1 = Clock::now();
+  if (start_pending_) {
+    start();
+    started_ = t1;
+  } else {
+    wait_s_ += seconds(t1 - t0);
+  }
+  int count = 0;
+  MPI_Get_count(&status, MPI_INT64_T, &count);
+  std::vector<int64_t> words(count);
+  MPI_Recv(words.data(), count, MPI_INT64_T, peer, kHeaderTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  if (words.empty()) throw std::runtime_error("empty message from rank " + std::to_string(peer));
+  const int64_t user = words.back();
+  Message m;
+  m.header.assign(words.begin(), words.begin() + user);
+  if (words[user] != kNoTensor) {
+    const auto dtype = static_cast<at::ScalarType>(words[user]);
+    const int64_t dims = words[user + 1];
+    std::vector<int64_t> shape(words.begin() + user + 2, words.begin() + user + 2 + dims);
+    m.tensor = at::empty(shape, at::TensorOptions().dtype(dtype).device(comm_.device()));
+    comm_.recv(m.tensor, peer);
+  }
+  comm_s_ += seconds(Clock::now() - t1);
+  return m;
+}
+
+void PipelineChannel::flush() {
+  const auto t0 = Clock::now();
+  for (auto& p : pending_) {
+    auto* req = static_cast<MPI_Request*>(p->header_request);
+    MPI_Wait(req, MPI_STATUS_IGNORE);
+    delete req;
+    if (p->tensor) p->tensor->wait();
+  }
+  pending_.clear();
+  comm_s_ += seconds(Clock::now() - t0);
+}
+
+void PipelineChannel::start() {
+  started_ = Clock::now();
+  start_pending_ = false;
+  wait_s_ = comm_s_ = total_s_ = 0;
+}
+
+void PipelineChannel::start_on_first_message() { start_pending_ = true; }
+
+void PipelineChannel::stop() { total_s_ = seconds(Clock::now() - started_); }
+
+RankTimes PipelineChannel::times() const {
+  RankTimes t;
+  t.wait_s = wait_s_;
+  t.comm_s = comm_s_;
+  t.total_s = total_s_;
+  t.compute_s = std::max(0.0, total_s_ - wait_s_ - comm_s_);
+  return t;
+}
+
+std::vector<RankTimes> PipelineChannel::gather_times() const {
+  const RankTimes mine = times();
+  const double local[4] = {mine.wait_s, mine.comm_s, mine.compute_s, mine.total_s};
+  std::vector<double> all(4 * world_.size());
+  MPI_Gather(local, 4, MPI_DOUBLE, all.data(), 4, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  std::vector<RankTimes> out;
+  if (world_.rank() != 0) return out;
+  for (int r = 0; r < world_.size(); ++r) {
+    RankTimes t;
+    t.wait_s = all[4 * r], t.comm_s = all[4 * r + 1], t.compute_s = all[4 * r + 2], t.total_s = all[4 * r + 3];
+    out.push_back(t);
+  }
+  return out;
+}
+
+}  // namespace kvpipe

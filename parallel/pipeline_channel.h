@@ -1,0 +1,74 @@
+// PipelineChannel: the wire between pipeline stages, and the clock of each rank.
+//
+// A message is a control header (int64 words, always over MPI) followed by an optional
+// tensor whose shape and dtype travel in the header (over the Communicator: NCCL for CUDA
+// tensors, MPI for host tensors). Sends are asynchronous and completed lazily, so a rank
+// never blocks on a neighbour that is still computing. The channel times what the rank does
+// with it: waiting for a message to arrive (the pipeline bubble), moving tensors, and
+// computing between messages, without adding any synchronisation between ranks.
+#pragma once
+
+#include "parallel/communicator.h"
+
+#include <ATen/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+namespace kvpipe {
+
+struct Message {
+  std::vector<int64_t> header;
+  at::Tensor tensor;  // undefined when the sender sent none
+};
+
+struct RankTimes {
+  double wait_s = 0;     // blocked until a message arrived
+  double comm_s = 0;     // moving tensors and completing sends
+  double compute_s = 0;  // the rest of the time between start() and stop()
+  double total_s = 0;
+};
+
+class PipelineChannel {
+ public:
+  PipelineChannel(const World& world, Communicator& comm);
+  ~PipelineChannel();
+
+  void send(int peer, const std::vector<int64_t>& header, const at::Tensor& tensor = {});
+  Message recv(int peer);
+  // Completes every pending send.
+  void flush();
+
+  // Accounting window: everything outside wait and comm between start and stop is compute.
+  // A stage that only reacts to messages starts its window when the first one arrives, so
+  // that the coordinator's start-up does not count as pipeline bubble.
+  void start();
+  void start_on_first_message();
+  void stop();
+  RankTimes times() const;
+  // Gathers every rank's times on rank 0 (collective: every rank calls it).
+  std::vector<RankTimes> gather_times() const;
+
+  Communicator& communicator() { return comm_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void reap();
+
+  const World& world_;
+  Communicator& comm_;
+  struct Pending {
+    std::vector<int64_t> header;
+    void* header_request = nullptr;
+    std::unique_ptr<PendingSend> tensor;
+  };
+  std::deque<std::unique_ptr<Pending>> pending_;
+  Clock::time_point started_{};
+  bool start_pending_ = false;
+  double wait_s_ = 0, comm_s_ = 0, total_s_ = 0;
+};
+
+}  // namespace kvpipe
