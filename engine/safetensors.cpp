@@ -348,36 +348,19 @@ SafetensorsModel::SafetensorsModel(const std::string& dir) : dir_(dir) {
     return;
   }
 
-  const std::string index = index_path.string();
-  const std::map<std::string, std::string> weight_map = read_weight_map(index);
-  // Many tensors share a shard; each shard is mapped once, in a deterministic order.
+  index_ = index_path.string();
+  // Shards are mapped and validated when a tensor of theirs is first loaded, so that a
+  // pipeline rank touches only the shards of its own layers.
   std::map<std::string, size_t> shard_of_file;
-  for (const auto& item : weight_map) shard_of_file.emplace(item.second, 0);
-  for (auto& [file, shard] : shard_of_file) {
-    const fs::path shard_path = root / file;
-    if (!fs::exists(shard_path, ec)) {
-      fail(index, "shard " + single_quoted(file) + " does not exist");
+  for (const auto& [tensor, file] : read_weight_map(index_)) {
+    auto [it, inserted] = shard_of_file.emplace(file, shard_paths_.size());
+    if (inserted) {
+      const fs::path shard_path = root / file;
+      if (!fs::exists(shard_path, ec)) fail(index_, "shard " + single_quoted(file) + " does not exist");
+      shard_paths_.push_back(shard_path.string());
+      files_.emplace_back();
     }
-    shard = files_.size();
-    files_.push_back(std::make_unique<SafetensorsFile>(shard_path.string()));
-  }
-
-  for (size_t shard = 0; shard < files_.size(); ++shard) {
-    for (const std::string& name : files_[shard]->names()) {
-      const auto [it, inserted] = owner_.emplace(name, shard);
-      if (!inserted) {
-        fail(dir, tensor_label(name) + " is in two shards, " +
-                      single_quoted(files_[it->second]->path()) + " and " +
-                      single_quoted(files_[shard]->path()));
-      }
-    }
-  }
-  for (const auto& [tensor, file] : weight_map) {
-    const auto it = owner_.find(tensor);
-    if (it == owner_.end() || it->second != shard_of_file.at(file)) {
-      fail(index, "\"weight_map\" puts " + tensor_label(tensor) + " in " + single_quoted(file) +
-                      ", which does not hold it");
-    }
+    owner_.emplace(tensor, it->second);
   }
 }
 
@@ -396,7 +379,12 @@ at::Tensor SafetensorsModel::load(const std::string& name, at::ScalarType dtype)
 const SafetensorsFile& SafetensorsModel::file_of(const std::string& name) const {
   const auto it = owner_.find(name);
   if (it == owner_.end()) fail(dir_, "missing " + tensor_label(name));
-  return *files_[it->second];
+  std::unique_ptr<SafetensorsFile>& file = files_[it->second];
+  if (!file) file = std::make_unique<SafetensorsFile>(shard_paths_[it->second]);
+  if (!file->contains(name))
+    fail(index_, "\"weight_map\" puts " + tensor_label(name) + " in " + single_quoted(fs::path(file->path()).filename().string()) +
+                     ", which does not hold it");
+  return *file;
 }
 
 void write_safetensors(const std::string& path,

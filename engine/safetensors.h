@@ -65,8 +65,10 @@ class SafetensorsModel {
   const SafetensorsFile& file_of(const std::string& name) const;
 
   std::string dir_;
-  std::vector<std::unique_ptr<SafetensorsFile>> files_;
-  std::map<std::string, size_t> owner_;  // tensor name -> index in files_
+  std::string index_;                     // the index file, when sharded
+  std::vector<std::string> shard_paths_;  // when sharded, parallel to files_
+  mutable std::vector<std::unique_ptr<SafetensorsFile>> files_;  // opened on first use
+  std::map<std::string, size_t> owner_;   // tensor name -> index in files_
 };
 
 // Writes `tensors` (contiguous CPU tensors of F32, F16 or BF16) in order, with `metadata`

@@ -3,54 +3,34 @@
 #include "engine/model_config.h"
 #include "engine/model_weights.h"
 #include "engine/safetensors.h"
+#include "tests/support/command.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <sys/wait.h>
 
 namespace kvpipe {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CommandResult {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using kvpipe::testing::CommandResult;
+using kvpipe::testing::slurp;
 
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/kvpipe_cli_XXXXXX";
-    dir_ = mkdtemp(tmpl);
+    dir_ = kvpipe::testing::make_scratch_dir();
   }
   void TearDown() override { fs::remove_all(dir_); }
 
   CommandResult kvpipe(const std::string& args) {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string cmd = std::string("OMP_NUM_THREADS=1 ") + KVPIPE_BINARY + " " + args + " >" +
-                            out.string() + " 2>" + err.string() + " </dev/null";
-    const int status = std::system(cmd.c_str());
-    CommandResult r;
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
+    return kvpipe::testing::run_command(std::string("OMP_NUM_THREADS=1 ") + KVPIPE_BINARY + " " + args, dir_);
   }
 
   // A small random model in HF layout.

@@ -1,0 +1,193 @@
+// Pipeline runs under mpirun against the one-rank run of the same job on the same
+// random-weight model: greedy tokens identical, log-probabilities within 1e-5.
+#include "tests/support/command.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace kvpipe {
+namespace {
+
+namespace fs = std::filesystem;
+using kvpipe::testing::CommandResult;
+
+struct JobRun {
+  CommandResult result;
+  std::map<int64_t, std::vector<int64_t>> outputs;                          // id -> tokens
+  std::map<std::pair<int64_t, int64_t>, std::vector<double>> logprobs;      // (id, step)
+};
+
+class Pipeline : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new fs::path(kvpipe::testing::make_scratch_dir());
+    // Seven layers so that [3, 2, 2] is a real uneven split; std 0.1 keeps greedy choices
+    // away from the near-ties of flatter random models.
+    const CommandResult r = kvpipe::testing::run_command(
+        std::string(KVPIPE_BINARY) + " init-model --out " + (*dir_ / "model").string() +
+            " --hidden 64 --layers 7 --heads 4 --kv-heads 2 --intermediate 96 --vocab 128"
+            " --max-position 256 --std 0.1 --seed 3",
+        *dir_);
+    ASSERT_EQ(r.code, 0) << r.err;
+    std::ofstream job(*dir_ / "job.yaml");
+    job << "model: {path: " << (*dir_ / "model").string() << "}\n"
+        << "cache: {block_size: 4, memory: 1MiB}\n"
+        << "scheduler: {max_batch: 4, max_tokens_per_step: 24}\n"
+        << "sampling: {ignore_eos: true}\n"
+        << "requests:\n";
+    const int lengths[] = {3, 30, 9, 17, 1, 41, 12, 5};
+    for (int i = 0; i < 8; ++i) {
+      job << "  - {prompt_ids: [";
+      for (int t = 0; t < lengths[i]; ++t) job << (t ? ", " : "") << (t * 37 + i * 11 + 1) % 128;
+      job << "], max_new_tokens: " << 6 + 2 * i << ", arrival_step: " << (i % 4) * 2 << "}\n";
+    }
+    job.close();
+    reference_ = new JobRun(generate(1, ""));
+    ASSERT_EQ(reference_->result.code, 0) << reference_->result.err;
+    ASSERT_EQ(reference_->outputs.size(), 8u);
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+    delete reference_;
+  }
+
+  static JobRun generate(int ranks, const std::string& args, const std::string& env = "") {
+    const fs::path lp = *dir_ / ("logprobs_" + std::to_string(ranks) + ".jsonl");
+    std::string cmd = env + " " + KVPIPE_MPIRUN + " --oversubscribe -np " + std::to_string(ranks) + " " +
+                      KVPIPE_BINARY + " generate --config " + (*dir_ / "job.yaml").string() +
+                      " --logprobs-out " + lp.string() + " " + args;
+    JobRun run;
+    run.result = kvpipe::testing::run_command(cmd, *dir_);
+    if (run.result.code != 0) return run;
+    std::istringstream lines(run.result.out);
+    std::string line;
+    while (std::getline(lines, line)) {
+      const auto j = nlohmann::json::parse(line);
+      run.outputs[j["id"]] = j["output_ids"].get<std::vector<int64_t>>();
+    }
+    std::ifstream in(lp);
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line);
+      run.logprobs[{j["id"], j["step"]}] = j["logprobs"].get<std::vector<double>>();
+    }
+    return run;
+  }
+
+  static void expect_same_as_one_rank(const JobRun& run) {
+    ASSERT_EQ(run.result.code, 0) << run.result.err;
+    EXPECT_EQ(run.outputs, reference_->outputs);
+    ASSERT_EQ(run.logprobs.size(), reference_->logprobs.size());
+    double worst = 0;
+    for (const auto& [key, ref] : reference_->logprobs) {
+      const std::vector<double>& got = run.logprobs.at(key);
+      ASSERT_EQ(got.size(), ref.size());
+      for (size_t v = 0; v < ref.size(); ++v) worst = std::max(worst, std::abs(got[v] - ref[v]));
+    }
+    EXPECT_LE(worst, 1e-5);
+    // One summary line per rank on stderr.
+    EXPECT_NE(run.result.err.find("rank 0: busy"), std::string::npos) << run.result.err;
+  }
+
+  static fs::path* dir_;
+  static JobRun* reference_;
+};
+
+fs::path* Pipeline::dir_ = nullptr;
+JobRun* Pipeline::reference_ = nullptr;
+
+TEST_F(Pipeline, TwoRanksAuto) { expect_same_as_one_rank(generate(2, "")); }
+
+TEST_F(Pipeline, TwoRanksOneMicroBatch) {
+  expect_same_as_one_rank(generate(2, "--set parallel.micro_batches=1"));
+}
+
+TEST_F(Pipeline, ThreeRanksPinnedUnevenSplit) {
+  const JobRun run = generate(3, "--set parallel.layers=[3,2,2]");
+  expect_same_as_one_rank(run);
+  EXPECT_NE(run.result.err.find("split [3, 2, 2]"), std::string::npos) << run.result.err;
+}
+
+TEST_F(Pipeline, ThreeRanksAutoOneMicroBatch) {
+  expect_same_as_one_rank(generate(3, "--set parallel.micro_batches=1"));
+}
+
+TEST_F(Pipeline, FourRanksAuto) { expect_same_as_one_rank(generate(4, "")); }
+
+TEST_F(Pipeline, SampledTokensMatchOneRank) {
+  const std::string sampling = "--set sampling.temperature=0.8 --set sampling.top_p=0.9 --set sampling.seed=7";
+  const JobRun one = generate(1, sampling);
+  const JobRun three = generate(3, sampling);
+  ASSERT_EQ(one.result.code, 0) << one.result.err;
+  ASSERT_EQ(three.result.code, 0) << three.result.err;
+  EXPECT_EQ(three.outputs, one.outputs);
+  EXPECT_NE(one.outputs, reference_->outputs);  // sampling did change the tokens
+}
+
+TEST_F(Pipeline, UnevenBudgetsSplitLayersByMemory) {
+  // Rank 0 has twice rank 1's KV memory: the split that maximises the common block count
+  // gives it about twice the layers.
+  const JobRun run = generate(2, "--set cache.memory=[1MiB,512KiB]");
+  expect_same_as_one_rank(run);
+  EXPECT_NE(run.result.err.find("split [5, 2]"), std::string::npos) << run.result.err;
+}
+
+TEST_F(Pipeline, RankThatThrowsMidRunStopsTheJob) {
+  const JobRun run = generate(3, "", "KVPIPE_INJECT_FAULT=2:3");
+  EXPECT_NE(run.result.code, 0);
+  EXPECT_LT(run.result.seconds, 30.0);
+  EXPECT_NE(run.result.err.find("rank 2"), std::string::npos) << run.result.err;
+  EXPECT_NE(run.result.err.find("injected fault"), std::string::npos) << run.result.err;
+}
+
+TEST_F(Pipeline, BadShardOnOneRankStopsTheJob) {
+  // Shard the model so that the last layers live in their own file, then corrupt that
+  // file: only the rank that holds those layers reads it.
+  const fs::path model = *dir_ / "sharded";
+  fs::create_directories(model);
+  fs::copy_file(*dir_ / "model" / "config.json", model / "config.json");
+  fs::copy_file(*dir_ / "model" / "model.safetensors", model / "first.safetensors");
+  std::ofstream(model / "last.safetensors") << "not a safetensors file";
+  nlohmann::json index;
+  for (int l = 0; l < 7; ++l)
+    for (const char* t : {"input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                          "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+                          "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"})
+      index["weight_map"]["model.layers." + std::to_string(l) + "." + t] = l < 4 ? "first.safetensors" : "last.safetensors";
+  index["weight_map"]["model.embed_tokens.weight"] = "first.safetensors";
+  index["weight_map"]["model.norm.weight"] = "last.safetensors";
+  index["weight_map"]["lm_head.weight"] = "last.safetensors";
+  std::ofstream(model / "model.safetensors.index.json") << index.dump();
+  const JobRun run = generate(2, "--set model.path=" + model.string() + " --set parallel.layers=[4,3]");
+  EXPECT_EQ(run.result.code, 2) << run.result.err;
+  EXPECT_LT(run.result.seconds, 30.0);
+  EXPECT_NE(run.result.err.find("rank 1: error"), std::string::npos) << run.result.err;
+  EXPECT_NE(run.result.err.find("last.safetensors"), std::string::npos) << run.result.err;
+  EXPECT_EQ(run.result.err.find("rank 0: error"), std::string::npos) << run.result.err;
+}
+
+TEST_F(Pipeline, NcclWithoutGpuIsBadInput) {
+  const JobRun run = generate(2, "--set parallel.backend=nccl");
+  EXPECT_EQ(run.result.code, 2);
+  EXPECT_NE(run.result.err.find("parallel.backend: nccl"), std::string::npos) << run.result.err;
+  EXPECT_LT(run.result.seconds, 30.0);
+}
+
+TEST_F(Pipeline, ImpossibleSplitsAreBadInput) {
+  JobRun run = generate(2, "--set parallel.layers=[4,4]");
+  EXPECT_EQ(run.result.code, 2);
+  EXPECT_NE(run.result.err.find("parallel.layers"), std::string::npos) << run.result.err;
+  run = generate(8, "");
+  EXPECT_EQ(run.result.code, 2);
+  EXPECT_NE(run.result.err.find("8 ranks"), std::string::npos) << run.result.err;
+}
+
+}  // namespace
+}  // namespace kvpipe
