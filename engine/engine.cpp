@@ -67,7 +67,7 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
   while (!scheduler_.done()) {
     while (flight.size() < executor_.max_in_flight()) {
       InFlight f;
-      f.batch = scheduler_.schedule(step, f.seqs);
+      f.batch = scheduler_.schedule(step, f.seqs, static_cast<int64_t>(executor_.max_in_flight()));
       if (f.batch.seqs.empty()) break;
       ++step;
       f.batch.want_logits = options_.keep_logits;

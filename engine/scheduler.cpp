@@ -60,7 +60,7 @@ void Scheduler::preempt(Sequence& seq) {
   waiting_.push_front(&seq);
 }
 
-StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences) {
+StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences, int64_t micro_batches) {
   const auto now = Clock::now();
   while (!pending_.empty() && pending_.front()->request.arrival_step <= step) {
     pending_.front()->arrival_time = now;
@@ -68,6 +68,8 @@ StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences) {
     pending_.erase(pending_.begin());
   }
 
+  const int64_t arrived = static_cast<int64_t>(running_.size() + waiting_.size());
+  const int64_t seats = std::min(options_.max_batch, std::max<int64_t>(1, (arrived + micro_batches - 1) / micro_batches));
   StepBatch batch;
   sequences.clear();
   int64_t budget = options_.max_tokens_per_step;
@@ -99,7 +101,7 @@ StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences) {
   for (Sequence* s : running_)
     if (!s->in_flight) candidates.push_back(s);
   for (Sequence* cand : candidates) {
-    if (budget <= 0 || static_cast<int64_t>(batch.seqs.size()) >= options_.max_batch) break;
+    if (budget <= 0 || static_cast<int64_t>(batch.seqs.size()) >= seats) break;
     Sequence& s = *cand;
     if (std::find(running_.begin(), running_.end(), &s) == running_.end()) continue;  // preempted above
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - s.num_computed, budget);
@@ -123,7 +125,7 @@ StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences) {
 
   // New admissions only when nothing had to be preempted: admitting would just thrash.
   while (!preempted && !waiting_.empty() && budget > 0 &&
-         static_cast<int64_t>(batch.seqs.size()) < options_.max_batch) {
+         static_cast<int64_t>(batch.seqs.size()) < seats) {
     Sequence& s = *waiting_.front();
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - s.num_computed, budget);
     if (!grow(s, s.num_computed + n)) break;

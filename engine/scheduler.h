@@ -71,7 +71,9 @@ class Scheduler {
   // in flight, or not yet arrived). Sequences of batches still in flight are skipped and
   // never preempted, so micro-batches in flight are disjoint and their blocks stay put.
   // `sequences` receives the scheduled sequences, in batch order.
-  StepBatch schedule(int64_t step, std::vector<Sequence*>& sequences);
+  // `micro_batches` in flight share the arrived requests: each micro-batch takes at most
+  // ceil(arrived / micro_batches) of them (and max_batch), so the stages get even work.
+  StepBatch schedule(int64_t step, std::vector<Sequence*>& sequences, int64_t micro_batches = 1);
 
   // Appends the sampled tokens of a micro-batch that came back, finishing and freeing
   // sequences as they end. `computed` is the batch that ran.

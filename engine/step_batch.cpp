@@ -9,6 +9,9 @@ namespace kvpipe {
 
 StepContext make_step_context(const StepBatch& batch, int64_t block_size) {
   const int64_t T = batch.num_tokens();
+  int64_t expected = 0;
+  for (const SeqStep& s : batch.seqs) expected += s.num_new;
+  if (expected != T) throw std::logic_error("step batch: token count does not match the sequences");
   at::Tensor positions = at::empty({T}, at::kLong);
   at::Tensor slots = at::empty({T}, at::kLong);
   auto* pos = positions.data_ptr<int64_t>();
@@ -30,7 +33,6 @@ StepContext make_step_context(const StepBatch& batch, int64_t block_size) {
     if (s.sample) rows.push_back(t - 1);
     ctx.seq_slots.push_back(all);
   }
-  if (t != T) throw std::logic_error("step batch: token count does not match the sequences");
   ctx.positions = positions;
   ctx.slots = slots;
   ctx.sample_rows = at::tensor(rows, at::kLong);
@@ -75,6 +77,7 @@ StepBatch decode_step_header(const std::vector<int64_t>& w, int64_t* micro_batch
   *micro_batch = next();
   const int64_t seqs = next();
   const int64_t tokens = next();
+  if (seqs < 0 || tokens < 0) throw std::runtime_error("step header is corrupt");
   b.want_logits = next() != 0;
   for (int64_t k = 0; k < seqs; ++k) {
     SeqStep s;
@@ -88,6 +91,7 @@ StepBatch decode_step_header(const std::vector<int64_t>& w, int64_t* micro_batch
     s.sampling.top_p = bits_double(next());
     s.sampling.seed = static_cast<uint64_t>(next());
     const int64_t blocks = next();
+    if (blocks < 0) throw std::runtime_error("step header is corrupt");
     for (int64_t j = 0; j < blocks; ++j) s.block_table.push_back(static_cast<int32_t>(next()));
     b.seqs.push_back(std::move(s));
   }

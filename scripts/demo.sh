@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's demo command: installs dependencies, builds, makes a small random-weight
-# model and generates from it, printing one JSON line per request and the timing.
+# model and generates from it on two pipeline ranks, printing one JSON line per request,
+# the layer split and the timing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -8,4 +9,6 @@ bash scripts/build.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 kvpipe=build/release/launch/kvpipe
 [ -f models/tiny/model.safetensors ] || "$kvpipe" init-model --preset tiny --out models/tiny
-mpirun -np 1 "$kvpipe" generate --config configs/demo-1rank.yaml
+# Two ranks split the model's layers (see the plan lines on stderr); --oversubscribe lets
+# them share a machine with fewer cores.
+mpirun --oversubscribe -np 2 "$kvpipe" generate --config configs/tiny-2rank.yaml

@@ -10,6 +10,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace kvpipe {
@@ -187,6 +188,36 @@ TEST_F(Pipeline, ImpossibleSplitsAreBadInput) {
   run = generate(8, "");
   EXPECT_EQ(run.result.code, 2);
   EXPECT_NE(run.result.err.find("8 ranks"), std::string::npos) << run.result.err;
+}
+
+// The example jobs in configs/ print the same lines (timings aside) as their one-rank run.
+TEST(PipelineConfigs, ExampleJobsMatchOneRank) {
+  const fs::path dir = kvpipe::testing::make_scratch_dir();
+  const std::string configs = std::string(KVPIPE_SOURCE_DIR) + "/configs/";
+  auto outputs = [&](const std::string& cmd) {
+    const CommandResult r = kvpipe::testing::run_command(cmd, dir);
+    EXPECT_EQ(r.code, 0) << cmd << "\n" << r.err;
+    std::vector<std::string> lines;
+    std::istringstream in(r.out);
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::ordered_json::parse(line);
+      j.erase("ttft_ms");
+      j.erase("tpot_ms");
+      lines.push_back(j.dump());
+    }
+    return lines;
+  };
+  const std::string one_rank = " --set parallel.layers=auto --set parallel.micro_batches=auto";
+  for (const auto& [file, ranks, extra] : std::vector<std::tuple<std::string, int, std::string>>{
+           {"tiny-3rank.yaml", 3, ""}, {"tiny-2rank.yaml", 2, " --set model.path=dummy:tiny"}}) {
+    const std::string base = std::string(KVPIPE_BINARY) + " generate --config " + configs + file + extra;
+    const auto one = outputs(base + one_rank);
+    const auto many = outputs(std::string(KVPIPE_MPIRUN) + " --oversubscribe -np " + std::to_string(ranks) + " " + base);
+    EXPECT_FALSE(one.empty());
+    EXPECT_EQ(many, one) << file;
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace
