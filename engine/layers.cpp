@@ -45,24 +45,31 @@ at::Tensor swiglu(const at::Tensor& gate_up) {
   return at::silu(gate_up.narrow(-1, 0, ff)) * gate_up.narrow(-1, ff, ff);
 }
 
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double scale) {
+at::Tensor windowed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& q_positions, const at::Tensor& k_positions,
+                              const AttentionWindow& window, double scale) {
   const int64_t n = q.size(0), heads = q.size(1), hd = q.size(2);
   const int64_t L = k.size(0), kv_heads = k.size(1), group = heads / kv_heads;
   // [kv_heads, group * n, hd]: query heads sharing a kv head become rows of one product.
-  const at::Tensor qg = q.view({n, kv_heads, group, hd}).permute({1, 2, 0, 3}).reshape({kv_heads, group * n, hd});
+  const at::Tensor qg = q.reshape({n, kv_heads, group, hd}).permute({1, 2, 0, 3}).reshape({kv_heads, group * n, hd});
   const at::Tensor kt = k.permute({1, 2, 0});  // [kv_heads, hd, L]
   at::Tensor scores = at::bmm(qg, kt).mul_(scale).view({kv_heads, group, n, L});
   if (n > 1) {
-    // Query i sits at position L - n + i and sees keys 0 .. L - n + i.
-    const auto opts = at::TensorOptions().dtype(at::kLong).device(q.device());
-    const at::Tensor qpos = at::arange(L - n, L, opts).unsqueeze(1);
-    const at::Tensor kpos = at::arange(L, opts).unsqueeze(0);
-    scores.masked_fill_(kpos > qpos, -std::numeric_limits<float>::infinity());
+    const at::Tensor qp = q_positions.unsqueeze(1), kp = k_positions.unsqueeze(0);
+    at::Tensor hidden = kp > qp;
+    if (window.recent > 0) hidden = hidden.logical_or((kp >= window.sinks).logical_and(kp <= qp - window.recent));
+    scores.masked_fill_(hidden, -std::numeric_limits<float>::infinity());
   }
   const at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(q.scalar_type());
   const at::Tensor out = at::bmm(probs.view({kv_heads, group * n, L}), v.permute({1, 0, 2}));
   return out.view({kv_heads, group, n, hd}).permute({2, 0, 1, 3}).reshape({n, heads * hd});
+}
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            double scale) {
+  const int64_t n = q.size(0), L = k.size(0);
+  const auto opts = at::TensorOptions().dtype(at::kLong).device(q.device());
+  return windowed_attention(q, k, v, at::arange(L - n, L, opts), at::arange(L, opts), {}, scale);
 }
 
 }  // namespace kvpipe

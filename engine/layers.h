@@ -34,6 +34,22 @@ at::Tensor dense(const at::Tensor& x, const at::Tensor& weight, const at::Tensor
 // gate_up [T, 2 * ff] -> silu(gate) * up, [T, ff].
 at::Tensor swiglu(const at::Tensor& gate_up);
 
+// Which earlier positions a query sees: all of them (recent == 0), or the first `sinks`
+// and the last `recent` (itself included), as in attention sinks with a sliding window.
+struct AttentionWindow {
+  int64_t sinks = 0;
+  int64_t recent = 0;
+};
+
+// Attention of one sequence's queries q [n, heads, head_dim] at `q_positions` (int64 [n])
+// over keys and values [L, kv_heads, head_dim] at `k_positions` (int64 [L]); query i sees
+// key j when k_j <= q_i and the window allows it. Query head h reads kv head
+// h / (heads / kv_heads) (grouped-query attention). Returns [n, heads * head_dim]. A
+// single query is taken to see every key it is given (the caller gathers only those).
+at::Tensor windowed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& q_positions, const at::Tensor& k_positions,
+                              const AttentionWindow& window, double scale);
+
 // Causal attention of one sequence's new queries over its cached context.
 // q [n, heads, head_dim]: the queries at positions context_len - n .. context_len - 1;
 // k, v [context_len, kv_heads, head_dim]: every key/value up to the last query, in order.

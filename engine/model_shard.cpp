@@ -2,24 +2,30 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace kvpipe {
 
-ModelShard::ModelShard(ModelWeights weights) : weights_(std::move(weights)) {
+ModelShard::ModelShard(ModelWeights weights, int64_t first_cached_layer)
+    : weights_(std::move(weights)), first_cached_layer_(first_cached_layer) {
   const ModelConfig& c = weights_.config;
   rope_ = make_rope_tables(c.max_position, c.head_dim, c.rope_theta, at::kFloat);
 }
 
 KvShape ModelShard::kv_shape(int64_t block_size) const {
   KvShape s;
-  s.num_layers = weights_.layers.size();
+  s.num_layers = num_cached_layers();
   s.block_size = block_size;
   s.num_kv_heads = weights_.config.num_kv_heads;
   s.head_dim = weights_.config.head_dim;
   s.element_size = 4;
   if (!weights_.layer.empty()) s.element_size = weights_.layer[0].qkv.element_size();
   return s;
+}
+
+int64_t ModelShard::num_cached_layers() const {
+  return std::max<int64_t>(0, weights_.layers.end - std::max(weights_.layers.begin, first_cached_layer_));
 }
 
 at::Tensor ModelShard::embed(const at::Tensor& token_ids) const {
@@ -40,19 +46,49 @@ at::Tensor ModelShard::attention_block(const at::Tensor& x, int64_t local, const
   const at::Tensor q = qk.narrow(1, 0, c.num_heads);
   const at::Tensor k = qk.narrow(1, c.num_heads, c.num_kv_heads);
   const at::Tensor v = qkv.narrow(1, q_dim + kv_dim, kv_dim).reshape({T, c.num_kv_heads, c.head_dim});
-  pool.write(local, ctx.slots, k, v);
+  const int64_t pool_layer = weights_.layers.begin + local - std::max(weights_.layers.begin, first_cached_layer_);
+  pool.write(pool_layer, ctx.slots, k, v);
 
-  const at::Tensor keys = pool.keys(local), values = pool.values(local);
+  const at::Tensor keys = pool.keys(pool_layer), values = pool.values(pool_layer);
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  const AttentionWindow window{batch.window_sinks, batch.window_recent};
   std::vector<at::Tensor> outs;
   outs.reserve(batch.seqs.size());
   int64_t start = 0;
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const int64_t n = batch.seqs[i].num_new;
     const at::Tensor& slots = ctx.seq_slots[i];
-    outs.push_back(causal_attention(q.narrow(0, start, n), keys.index_select(0, slots),
-                                    values.index_select(0, slots), scale));
+    outs.push_back(windowed_attention(q.narrow(0, start, n), keys.index_select(0, slots),
+                                      values.index_select(0, slots), ctx.positions.narrow(0, start, n),
+                                      ctx.seq_key_positions[i], window, scale));
     start += n;
+  }
+  const at::Tensor attn = outs.size() == 1 ? outs[0] : at::cat(outs);
+  return dense(attn, w.o);
+}
+
+at::Tensor ModelShard::recompute_attention_block(const at::Tensor& x, int64_t local, const StepBatch& batch,
+                                                 const StepContext& ctx) const {
+  const ModelConfig& c = weights_.config;
+  const LayerWeights& w = weights_.layer[local];
+  const int64_t T = x.size(0), q_dim = c.num_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
+  const at::Tensor qkv = dense(x, w.qkv, w.qkv_bias);
+  const int64_t qk_heads = c.num_heads + c.num_kv_heads;
+  const at::Tensor qk = apply_rope(qkv.narrow(1, 0, q_dim + kv_dim).view({T, qk_heads, c.head_dim}),
+                                   ctx.full_positions, rope_);
+  const at::Tensor q = qk.narrow(1, 0, c.num_heads);
+  const at::Tensor k = qk.narrow(1, c.num_heads, c.num_kv_heads);
+  const at::Tensor v = qkv.narrow(1, q_dim + kv_dim, kv_dim).reshape({T, c.num_kv_heads, c.head_dim});
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  const AttentionWindow window{batch.window_sinks, batch.window_recent};
+  std::vector<at::Tensor> outs;
+  int64_t start = 0;
+  for (const SeqStep& s : batch.seqs) {
+    const int64_t total = s.context_len + s.num_new;
+    const at::Tensor pos = ctx.full_positions.narrow(0, start, total);
+    outs.push_back(windowed_attention(q.narrow(0, start, total), k.narrow(0, start, total),
+                                      v.narrow(0, start, total), pos, pos, window, scale));
+    start += total;
   }
   const at::Tensor attn = outs.size() == 1 ? outs[0] : at::cat(outs);
   return dense(attn, w.o);
@@ -63,8 +99,13 @@ at::Tensor ModelShard::forward(at::Tensor hidden, const StepBatch& batch, const 
   const double eps = weights_.config.rms_eps;
   for (int64_t l = 0; l < weights_.layers.size(); ++l) {
     const LayerWeights& w = weights_.layer[l];
-    hidden = hidden + attention_block(rms_norm(hidden, w.input_norm, eps), l, batch, ctx, pool);
+    const int64_t layer = weights_.layers.begin + l;
+    const bool cached = layer >= first_cached_layer_;
+    const at::Tensor x = rms_norm(hidden, w.input_norm, eps);
+    hidden = hidden + (cached ? attention_block(x, l, batch, ctx, pool) : recompute_attention_block(x, l, batch, ctx));
     hidden = hidden + dense(swiglu(dense(rms_norm(hidden, w.post_norm, eps), w.gate_up)), w.down);
+    // Past the last layer without K/V only the new tokens' rows are needed.
+    if (!cached && layer + 1 == first_cached_layer_) hidden = hidden.index_select(0, ctx.new_rows);
   }
   return hidden;
 }

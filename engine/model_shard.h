@@ -4,6 +4,11 @@
 // stage, the embedding or the final norm and LM head. It reads and writes K/V only through
 // the StepContext's slot indices into the stage's BlockPool, so the same code serves a
 // one-rank run (one shard with every layer) and each stage of a pipeline.
+//
+// Layer-level reuse: layers before `first_cached_layer` keep no K/V and run over every
+// token of each sequence at every step (the batch then carries full sequences); the rows of
+// the new tokens alone go on into the first cached layer. The pool holds only the shard's
+// cached layers.
 #pragma once
 
 #include "cache/block_pool.h"
@@ -17,7 +22,7 @@ namespace kvpipe {
 
 class ModelShard {
  public:
-  explicit ModelShard(ModelWeights weights);
+  explicit ModelShard(ModelWeights weights, int64_t first_cached_layer = 0);
 
   const ModelConfig& config() const { return weights_.config; }
   const LayerRange& layers() const { return weights_.layers; }
@@ -34,14 +39,18 @@ class ModelShard {
   // Final norm and LM head on hidden rows [S, hidden] -> float32 logits [S, vocab].
   at::Tensor logits(const at::Tensor& hidden) const;
 
-  // The KV layout this shard needs for `block_size`.
+  // The KV layout this shard needs for `block_size` (its cached layers only).
   KvShape kv_shape(int64_t block_size) const;
+  int64_t num_cached_layers() const;
 
  private:
   at::Tensor attention_block(const at::Tensor& x, int64_t local_layer, const StepBatch& batch,
                              const StepContext& ctx, BlockPool& pool) const;
+  at::Tensor recompute_attention_block(const at::Tensor& x, int64_t local_layer, const StepBatch& batch,
+                                       const StepContext& ctx) const;
 
   ModelWeights weights_;
+  int64_t first_cached_layer_ = 0;
   RopeTables rope_;
 };
 

@@ -6,7 +6,19 @@
 namespace kvpipe {
 
 Scheduler::Scheduler(const SchedulerOptions& options, int64_t num_blocks)
-    : options_(options), allocator_(num_blocks) {}
+    : options_(options), blocks_(num_blocks, options.block_size, options.prefix_reuse) {}
+
+int64_t Scheduler::max_blocks_held(int64_t tokens) const {
+  const int64_t bs = options_.block_size;
+  const int64_t all = blocks_for_tokens(tokens, bs);
+  if (options_.window_recent <= 0) return all;
+  // Sinks, the window, and the chunk being computed (its queries reach back `recent`); one
+  // more block on each side for positions that do not start a block.
+  const int64_t chunk = std::min({options_.max_tokens_per_step, options_.window_recent, tokens});
+  const int64_t windowed = blocks_for_tokens(options_.window_sinks, bs) +
+                           blocks_for_tokens(options_.window_recent + chunk, bs) + 2;
+  return std::min(all, windowed);
+}
 
 Sequence* Scheduler::add(const Request& r) {
   const std::string who = "request " + std::to_string(r.id);
@@ -20,11 +32,11 @@ Sequence* Scheduler::add(const Request& r) {
   // The last sampled token is never fed back, so a finished sequence holds one token less
   // than it outputs.
   const int64_t longest = std::min(prompt + r.max_new_tokens - 1, options_.max_context);
-  const int64_t need = blocks_for_tokens(longest, options_.block_size);
-  if (need > allocator_.num_blocks())
+  const int64_t need = max_blocks_held(longest);
+  if (need > blocks_.num_blocks())
     throw std::invalid_argument(who + ": needs " + std::to_string(need) + " KV blocks of " +
                                 std::to_string(options_.block_size) + " tokens but the pool has " +
-                                std::to_string(allocator_.num_blocks()) +
+                                std::to_string(blocks_.num_blocks()) +
                                 " (raise cache.memory or lower max_new_tokens)");
   auto seq = std::make_unique<Sequence>();
   seq->request = r;
@@ -38,16 +50,63 @@ Sequence* Scheduler::add(const Request& r) {
   return p;
 }
 
+int64_t Scheduler::chunk_of(const Sequence& seq, int64_t budget) const {
+  int64_t n = std::min<int64_t>(static_cast<int64_t>(seq.tokens.size()) - seq.num_computed, budget);
+  // Under a window a chunk's queries reach `recent` back from its first token: chunks of at
+  // most `recent` tokens keep the blocks a sequence holds bounded whatever its length.
+  if (options_.window_recent > 0) n = std::min(n, options_.window_recent);
+  return n;
+}
+
 bool Scheduler::grow(Sequence& seq, int64_t tokens) {
   const int64_t need = blocks_for_tokens(tokens, options_.block_size) - static_cast<int64_t>(seq.blocks.size());
-  if (need > allocator_.num_free()) return false;
-  for (int64_t i = 0; i < need; ++i) seq.blocks.push_back(allocator_.allocate());
+  if (need > blocks_.num_available()) return false;
+  for (int64_t i = 0; i < need; ++i) seq.blocks.push_back(blocks_.allocate());
+  stats_.peak_blocks_used = std::max(stats_.peak_blocks_used, blocks_.num_used());
   return true;
 }
 
 void Scheduler::release(Sequence& seq) {
-  for (int32_t b : seq.blocks) allocator_.release(b);
+  for (int32_t b : seq.blocks)
+    if (b >= 0) blocks_.release(b);
   seq.blocks.clear();
+  seq.hashed_blocks = 0;
+  seq.last_hash = 0;
+}
+
+void Scheduler::admit_prefix(Sequence& seq) {
+  if (!seq.blocks.empty() || seq.num_computed != 0) return;
+  // At least the last token is computed, since its logits are what the step is for.
+  const int64_t len = static_cast<int64_t>(seq.tokens.size());
+  const std::vector<int32_t> hit = blocks_.match_prefix(seq.tokens, (len - 1) / options_.block_size, len);
+  for (int32_t b : hit) {
+    seq.last_hash = BlockManager::chain_hash(seq.last_hash, seq.tokens.data() + seq.blocks.size() * options_.block_size,
+                                             options_.block_size);
+    seq.blocks.push_back(b);
+  }
+  seq.hashed_blocks = static_cast<int64_t>(hit.size());
+  seq.num_computed = static_cast<int64_t>(hit.size()) * options_.block_size;
+}
+
+void Scheduler::after_compute(Sequence& seq) {
+  const int64_t bs = options_.block_size;
+  while ((seq.hashed_blocks + 1) * bs <= seq.num_computed) {
+    const int64_t k = seq.hashed_blocks;
+    const int64_t* t = seq.tokens.data() + k * bs;
+    seq.last_hash = BlockManager::chain_hash(seq.last_hash, t, bs);
+    if (seq.blocks[k] >= 0) blocks_.insert(seq.last_hash, seq.blocks[k], t);
+    ++seq.hashed_blocks;
+  }
+  if (options_.window_recent <= 0) return;
+  // The next query sits at num_computed and sees back to num_computed - recent + 1; a block
+  // of no sink and wholly before that is never read again.
+  const int64_t lowest = seq.num_computed - options_.window_recent + 1;
+  for (int64_t k = blocks_for_tokens(options_.window_sinks, bs);
+       k < static_cast<int64_t>(seq.blocks.size()) && (k + 1) * bs <= lowest; ++k) {
+    if (seq.blocks[k] < 0) continue;
+    blocks_.release(seq.blocks[k]);
+    seq.blocks[k] = -1;
+  }
 }
 
 void Scheduler::preempt(Sequence& seq) {
@@ -71,6 +130,9 @@ StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences, i
   const int64_t arrived = static_cast<int64_t>(running_.size() + waiting_.size());
   const int64_t seats = std::min(options_.max_batch, std::max<int64_t>(1, (arrived + micro_batches - 1) / micro_batches));
   StepBatch batch;
+  batch.full_sequences = options_.full_sequences;
+  batch.window_sinks = options_.window_sinks;
+  batch.window_recent = options_.window_recent;
   sequences.clear();
   int64_t budget = options_.max_tokens_per_step;
   auto take = [&](Sequence& s, int64_t n) {
@@ -82,7 +144,8 @@ StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences, i
     st.output_index = s.num_output();
     st.sampling = s.request.sampling;
     st.block_table = s.blocks;
-    batch.token_ids.insert(batch.token_ids.end(), s.tokens.begin() + s.num_computed,
+    batch.token_ids.insert(batch.token_ids.end(),
+                           s.tokens.begin() + (options_.full_sequences ? 0 : s.num_computed),
                            s.tokens.begin() + s.num_computed + n);
     batch.seqs.push_back(std::move(st));
     sequences.push_back(&s);
@@ -104,7 +167,7 @@ StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences, i
     if (budget <= 0 || static_cast<int64_t>(batch.seqs.size()) >= seats) break;
     Sequence& s = *cand;
     if (std::find(running_.begin(), running_.end(), &s) == running_.end()) continue;  // preempted above
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - s.num_computed, budget);
+    const int64_t n = chunk_of(s, budget);
     bool stalled = false;
     while (!grow(s, s.num_computed + n)) {
       Sequence* v = victim();
@@ -127,8 +190,13 @@ StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences, i
   while (!preempted && !waiting_.empty() && budget > 0 &&
          static_cast<int64_t>(batch.seqs.size()) < seats) {
     Sequence& s = *waiting_.front();
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) - s.num_computed, budget);
-    if (!grow(s, s.num_computed + n)) break;
+    admit_prefix(s);
+    const int64_t n = chunk_of(s, budget);
+    if (!grow(s, s.num_computed + n)) {
+      release(s);  // give the prefix back: it may wait a long time
+      s.num_computed = 0;
+      break;
+    }
     waiting_.pop_front();
     running_.push_back(&s);
     take(s, n);
@@ -145,6 +213,8 @@ void Scheduler::update(const StepBatch& computed, const std::vector<Sequence*>& 
     const SeqStep& st = computed.seqs[i];
     s.in_flight = false;
     s.num_computed += st.num_new;
+    stats_.computed_tokens += st.num_new;
+    after_compute(s);
     if (!st.sample) continue;
     const int64_t token = output.tokens.at(sampled++);
     s.tokens.push_back(token);

@@ -8,9 +8,15 @@
 // now waits. When a running sequence needs a block and none is free, the most recently
 // admitted sequence is preempted: its blocks are freed and it later resumes by recomputing
 // its prompt and the tokens it already generated, so its output does not change.
+//
+// KV-cache policies live here too, since they decide which blocks a sequence holds:
+// prefix reuse (a new request starts after the longest cached prefix, BlockManager), the
+// window (blocks that fall wholly outside the first `sinks` and the last `recent` positions
+// are freed as the sequence grows, leaving holes (-1) in its block table), and layer-level
+// reuse (batches carry every token of each sequence, for the layers that keep no K/V).
 #pragma once
 
-#include "cache/block_allocator.h"
+#include "cache/block_manager.h"
 #include "engine/step_batch.h"
 
 #include <chrono>
@@ -37,7 +43,9 @@ struct Sequence {
   Request request;
   std::vector<int64_t> tokens;      // prompt, then generated tokens
   int64_t num_computed = 0;         // leading tokens whose K/V are in the cache
-  std::vector<int32_t> blocks;
+  std::vector<int32_t> blocks;      // block of each block_size tokens; -1 once freed by the window
+  int64_t hashed_blocks = 0;        // leading full blocks offered to the prefix cache
+  uint64_t last_hash = 0;           // chain hash of block hashed_blocks - 1
   std::string finish_reason;        // empty while running
   int64_t preemptions = 0;
   bool in_flight = false;           // part of a micro-batch whose tokens have not come back
@@ -52,11 +60,17 @@ struct SchedulerOptions {
   int64_t max_batch = 32;
   int64_t max_tokens_per_step = 2048;
   int64_t max_context = 2048;       // the model's context length
+  bool prefix_reuse = false;
+  int64_t window_sinks = 0;
+  int64_t window_recent = 0;        // 0: no window
+  bool full_sequences = false;      // some layers keep no K/V: send every token each step
 };
 
 struct SchedulerStats {
   int64_t preemptions = 0;
-  int64_t recomputed_tokens = 0;
+  int64_t recomputed_tokens = 0;    // tokens computed again after preemption
+  int64_t computed_tokens = 0;      // new tokens computed (prefix hits excluded)
+  int64_t peak_blocks_used = 0;
 };
 
 class Scheduler {
@@ -82,16 +96,20 @@ class Scheduler {
 
   bool done() const { return pending_.empty() && waiting_.empty() && running_.empty(); }
   const SchedulerStats& stats() const { return stats_; }
-  const BlockAllocator& allocator() const { return allocator_; }
+  const BlockManager& blocks() const { return blocks_; }
   const std::vector<std::unique_ptr<Sequence>>& sequences() const { return all_; }
 
  private:
   bool grow(Sequence& seq, int64_t tokens);  // blocks to hold `tokens` tokens; false if none
   void preempt(Sequence& seq);
   void release(Sequence& seq);
+  void admit_prefix(Sequence& seq);   // starts a new sequence after its cached prefix
+  void after_compute(Sequence& seq);  // offers full blocks to the cache, frees out-of-window ones
+  int64_t max_blocks_held(int64_t tokens) const;
+  int64_t chunk_of(const Sequence& seq, int64_t budget) const;  // tokens to compute next
 
   SchedulerOptions options_;
-  BlockAllocator allocator_;
+  BlockManager blocks_;
   std::vector<std::unique_ptr<Sequence>> all_;
   std::vector<Sequence*> pending_;   // not yet arrived, by arrival step
   std::deque<Sequence*> waiting_;    // arrived, not admitted (preempted ones at the front)

@@ -2,40 +2,71 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
 namespace kvpipe {
 
 StepContext make_step_context(const StepBatch& batch, int64_t block_size) {
-  const int64_t T = batch.num_tokens();
-  int64_t expected = 0;
-  for (const SeqStep& s : batch.seqs) expected += s.num_new;
-  if (expected != T) throw std::logic_error("step batch: token count does not match the sequences");
+  int64_t T = 0, full_total = 0;
+  for (const SeqStep& s : batch.seqs) {
+    T += s.num_new;
+    full_total += s.context_len + s.num_new;
+  }
+  if ((batch.full_sequences ? full_total : T) != batch.num_tokens())
+    throw std::logic_error("step batch: token count does not match the sequences");
   at::Tensor positions = at::empty({T}, at::kLong);
   at::Tensor slots = at::empty({T}, at::kLong);
   auto* pos = positions.data_ptr<int64_t>();
   auto* slot = slots.data_ptr<int64_t>();
   StepContext ctx;
-  std::vector<int64_t> rows;
+  std::vector<int64_t> rows, full_positions, new_rows;
   int64_t t = 0;
+  auto slot_of = [&](const SeqStep& s, int64_t p) {
+    const int32_t block = s.block_table[p / block_size];
+    if (block < 0)
+      throw std::logic_error("request " + std::to_string(s.request_id) + " reads position " +
+                             std::to_string(p) + " of a freed block");
+    return block * block_size + p % block_size;
+  };
   for (const SeqStep& s : batch.seqs) {
     const int64_t total = s.context_len + s.num_new;
     if (static_cast<int64_t>(s.block_table.size()) * block_size < total)
       throw std::logic_error("block table too short for request " + std::to_string(s.request_id));
-    at::Tensor all = at::empty({total}, at::kLong);
-    auto* a = all.data_ptr<int64_t>();
-    for (int64_t p = 0; p < total; ++p) a[p] = s.block_table[p / block_size] * block_size + p % block_size;
+    // Keys of the cached layers: every earlier position, or with a window the sinks and the
+    // positions that the first new query can still see.
+    std::vector<int64_t> key_pos;
+    if (batch.window_recent <= 0) {
+      for (int64_t p = 0; p < total; ++p) key_pos.push_back(p);
+    } else {
+      const int64_t sinks = std::min(batch.window_sinks, total);
+      for (int64_t p = 0; p < sinks; ++p) key_pos.push_back(p);
+      for (int64_t p = std::max(sinks, s.context_len - batch.window_recent + 1); p < total; ++p) key_pos.push_back(p);
+    }
+    at::Tensor key_slots = at::empty({static_cast<int64_t>(key_pos.size())}, at::kLong);
+    auto* ks = key_slots.data_ptr<int64_t>();
+    for (size_t i = 0; i < key_pos.size(); ++i) ks[i] = slot_of(s, key_pos[i]);
+    if (batch.full_sequences) {
+      for (int64_t p = 0; p < total; ++p) full_positions.push_back(p);
+      for (int64_t i = 0; i < s.num_new; ++i)
+        new_rows.push_back(static_cast<int64_t>(full_positions.size()) - s.num_new + i);
+    }
     for (int64_t i = 0; i < s.num_new; ++i, ++t) {
       pos[t] = s.context_len + i;
-      slot[t] = a[s.context_len + i];
+      slot[t] = slot_of(s, s.context_len + i);
     }
     if (s.sample) rows.push_back(t - 1);
-    ctx.seq_slots.push_back(all);
+    ctx.seq_slots.push_back(key_slots);
+    ctx.seq_key_positions.push_back(at::tensor(key_pos, at::kLong));
   }
   ctx.positions = positions;
   ctx.slots = slots;
   ctx.sample_rows = at::tensor(rows, at::kLong);
+  if (batch.full_sequences) {
+    ctx.full_positions = at::tensor(full_positions, at::kLong);
+    ctx.new_rows = at::tensor(new_rows, at::kLong);
+  }
   return ctx;
 }
 
@@ -56,8 +87,10 @@ double bits_double(int64_t w) {
 }  // namespace
 
 std::vector<int64_t> encode_step_header(const StepBatch& batch, int64_t micro_batch) {
-  std::vector<int64_t> w = {micro_batch, static_cast<int64_t>(batch.seqs.size()), batch.num_tokens(),
-                            batch.want_logits ? 1 : 0};
+  std::vector<int64_t> w = {micro_batch,         static_cast<int64_t>(batch.seqs.size()),
+                            batch.num_tokens(),  batch.want_logits ? 1 : 0,
+                            batch.full_sequences ? 1 : 0, batch.window_sinks,
+                            batch.window_recent};
   for (const SeqStep& s : batch.seqs) {
     w.insert(w.end(), {s.request_id, s.context_len, s.num_new, s.output_index, s.sample ? 1 : 0,
                        double_bits(s.sampling.temperature), s.sampling.top_k, double_bits(s.sampling.top_p),
@@ -79,6 +112,9 @@ StepBatch decode_step_header(const std::vector<int64_t>& w, int64_t* micro_batch
   const int64_t tokens = next();
   if (seqs < 0 || tokens < 0) throw std::runtime_error("step header is corrupt");
   b.want_logits = next() != 0;
+  b.full_sequences = next() != 0;
+  b.window_sinks = next();
+  b.window_recent = next();
   for (int64_t k = 0; k < seqs; ++k) {
     SeqStep s;
     s.request_id = next();

@@ -3,7 +3,9 @@
 // The coordinator fills it from the scheduler; a stage turns it into the index tensors its
 // layers need (StepContext). Each sequence contributes `num_new` consecutive tokens that
 // follow `context_len` tokens already in the KV cache; its block table covers all
-// context_len + num_new tokens.
+// context_len + num_new tokens (-1 for blocks a window has freed). With layer-level reuse
+// (`full_sequences`) the token ids are every token of each sequence, since the layers that
+// keep no K/V recompute the whole sequence.
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -32,17 +34,24 @@ struct SeqStep {
 
 struct StepBatch {
   std::vector<SeqStep> seqs;
-  std::vector<int64_t> token_ids;  // sum of num_new, sequence after sequence
+  std::vector<int64_t> token_ids;  // sum of num_new (or of context_len + num_new), in order
   bool want_logits = false;        // return the raw logits of sampled rows too
+  bool full_sequences = false;
+  int64_t window_sinks = 0;
+  int64_t window_recent = 0;       // 0: attention sees every earlier position
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
 };
 
 // Index tensors derived once per step and shared by every layer of a stage.
 struct StepContext {
-  at::Tensor positions;               // int64 [T]
+  at::Tensor positions;               // int64 [T]: position of each new token
   at::Tensor slots;                   // int64 [T]: cache slot of each new token
-  std::vector<at::Tensor> seq_slots;  // per sequence, int64 [context_len + num_new]
+  std::vector<at::Tensor> seq_slots;  // per sequence: slots of the cached keys it attends to
+  std::vector<at::Tensor> seq_key_positions;  // per sequence: their positions
   at::Tensor sample_rows;             // int64 [S]: rows of T whose logits are sampled
+  // With full_sequences: every token's position, and where the new tokens sit among them.
+  at::Tensor full_positions;          // int64 [sum of context_len + num_new]
+  at::Tensor new_rows;                // int64 [T]
 };
 
 StepContext make_step_context(const StepBatch& batch, int64_t block_size);

@@ -8,6 +8,8 @@
 namespace kvpipe {
 namespace {
 
+constexpr int64_t kUnlimited = std::numeric_limits<int64_t>::max();
+
 int64_t weight_bytes_of(const StageCost& c, size_t rank, size_t ranks, int64_t layers) {
   int64_t w = layers * c.layer_weight_bytes;
   if (rank == 0) w += c.first_extra_bytes;
@@ -15,41 +17,73 @@ int64_t weight_bytes_of(const StageCost& c, size_t rank, size_t ranks, int64_t l
   return w;
 }
 
+int64_t cached_in(const StageCost& c, int64_t begin, int64_t end) {
+  return std::max<int64_t>(0, end - std::max(begin, c.first_cached_layer));
+}
+
+// Blocks rank `r` can hold when it runs layers [begin, end).
+int64_t range_blocks(const StageCost& c, const std::vector<RankBudget>& budgets, size_t r, int64_t begin,
+                     int64_t end) {
+  return stage_blocks(c, budgets[r], cached_in(c, begin, end), weight_bytes_of(c, r, budgets.size(), end - begin));
+}
+
 PartitionPlan plan_for(const std::vector<int64_t>& split, const StageCost& cost,
                        const std::vector<RankBudget>& budgets) {
   PartitionPlan plan;
-  plan.num_blocks = std::numeric_limits<int64_t>::max();
+  plan.num_blocks = kUnlimited;
   int64_t first = 0;
   for (size_t r = 0; r < split.size(); ++r) {
     StagePlan s;
     s.first_layer = first;
     s.num_layers = split[r];
+    s.cached_layers = cached_in(cost, first, first + split[r]);
     s.weight_bytes = weight_bytes_of(cost, r, split.size(), split[r]);
     const RankBudget& b = budgets[r];
     s.kv_budget_bytes = b.share_of_memory
                             ? static_cast<int64_t>(static_cast<double>(b.memory_bytes - s.weight_bytes) * b.share)
                             : b.kv_bytes;
-    s.max_blocks = stage_blocks(cost, b, s.num_layers, s.weight_bytes);
-    // A rank without layers holds no K/V and does not limit the block count.
-    if (s.num_layers > 0) plan.num_blocks = std::min(plan.num_blocks, s.max_blocks);
+    s.max_blocks = stage_blocks(cost, b, s.cached_layers, s.weight_bytes);
+    plan.num_blocks = std::min(plan.num_blocks, s.max_blocks);
     plan.stages.push_back(s);
     first += split[r];
   }
-  if (plan.num_blocks == std::numeric_limits<int64_t>::max()) plan.num_blocks = 0;
   return plan;
+}
+
+// Ranks 0..R-1 take contiguous ranges covering all layers, each range's size within
+// [min_size, max_size] and each rank holding at least `blocks`: one such split, or empty.
+std::vector<int64_t> find_split(int64_t layers, const StageCost& cost, const std::vector<RankBudget>& budgets,
+                                int64_t blocks, int64_t min_size, int64_t max_size) {
+  const size_t ranks = budgets.size();
+  // reach[r][l]: ranks 0..r-1 can cover layers [0, l); from[r][l] the start of rank r-1.
+  std::vector<std::vector<int64_t>> from(ranks + 1, std::vector<int64_t>(layers + 1, -1));
+  from[0][0] = 0;
+  for (size_t r = 0; r < ranks; ++r)
+    for (int64_t a = 0; a <= layers; ++a) {
+      if (from[r][a] < 0) continue;
+      for (int64_t b = a + min_size; b <= std::min(layers, a + max_size); ++b)
+        if (from[r + 1][b] < 0 && range_blocks(cost, budgets, r, a, b) >= blocks) from[r + 1][b] = a;
+    }
+  if (from[ranks][layers] < 0) return {};
+  std::vector<int64_t> split(ranks);
+  int64_t end = layers;
+  for (size_t r = ranks; r > 0; --r) {
+    const int64_t begin = from[r][end];
+    split[r - 1] = end - begin;
+    end = begin;
+  }
+  return split;
 }
 
 }  // namespace
 
-int64_t stage_blocks(const StageCost& cost, const RankBudget& b, int64_t layers,
-                     int64_t weight_bytes) {
-  if (layers == 0) return std::numeric_limits<int64_t>::max();
-  int64_t kv = b.kv_bytes;
-  if (b.share_of_memory) {
-    if (b.memory_bytes < weight_bytes) return -1;
-    kv = static_cast<int64_t>(static_cast<double>(b.memory_bytes - weight_bytes) * b.share);
-  }
-  const int64_t per_block = layers * cost.kv_bytes_per_block_layer;
+int64_t stage_blocks(const StageCost& cost, const RankBudget& b, int64_t cached_layers, int64_t weight_bytes) {
+  if (b.share_of_memory && b.memory_bytes < weight_bytes) return -1;
+  if (cached_layers == 0) return kUnlimited;
+  const int64_t kv = b.share_of_memory
+                         ? static_cast<int64_t>(static_cast<double>(b.memory_bytes - weight_bytes) * b.share)
+                         : b.kv_bytes;
+  const int64_t per_block = cached_layers * cost.kv_bytes_per_block_layer;
   return per_block > 0 ? kv / per_block : 0;
 }
 
@@ -77,56 +111,30 @@ PartitionPlan partition_layers(int64_t num_layers, const StageCost& cost,
       throw std::invalid_argument("parallel.layers: the split sums to " + std::to_string(sum) +
                                   " layers, the model has " + std::to_string(num_layers));
   } else {
-    // Greedy over the layer counts is not exact with per-rank extras; the search space
-    // (compositions of L into R parts) is small for real models only when R is small, so
-    // search by bisection on the block count instead: the largest B such that the ranks,
-    // in order, can each take as many layers as still leave B blocks.
-    auto max_layers_for = [&](size_t r, int64_t blocks) {
-      int64_t lo = 0;
-      for (int64_t n = 1; n <= num_layers; ++n) {
-        const int64_t w = weight_bytes_of(cost, r, ranks, n);
-        if (stage_blocks(cost, budgets[r], n, w) >= blocks) lo = n; else break;
-      }
-      return lo;
-    };
-    auto feasible = [&](int64_t blocks, std::vector<int64_t>* out) {
-      std::vector<int64_t> caps(ranks);
-      int64_t total = 0;
+    // The best common block count: the largest B for which some split gives every rank at
+    // least B blocks (feasibility is monotone in B, so bisect).
+    auto feasible = [&](int64_t blocks) { return !find_split(num_layers, cost, budgets, blocks, 1, num_layers).empty(); };
+    if (!feasible(0)) {
       for (int64_t r = 0; r < ranks; ++r) {
-        caps[r] = max_layers_for(r, blocks);
-        if (caps[r] < 1) return false;
-        total += caps[r];
+        bool fits = false;
+        for (int64_t a = 0; a < num_layers && !fits; ++a) fits = range_blocks(cost, budgets, r, a, a + 1) >= 0;
+        if (!fits)
+          throw std::invalid_argument("memory: rank " + std::to_string(r) + " cannot hold the weights of its stage");
       }
-      if (total < num_layers) return false;
-      if (out) {
-        // Start from one layer each, then hand out the rest as evenly as the caps allow.
-        std::vector<int64_t> s(ranks, 1);
-        int64_t left = num_layers - ranks;
-        while (left > 0) {
-          int64_t best = -1;
-          for (int64_t r = 0; r < ranks; ++r)
-            if (s[r] < caps[r] && (best < 0 || s[r] < s[best])) best = r;
-          ++s[best];
-          --left;
-        }
-        *out = s;
-      }
-      return true;
-    };
-    if (!feasible(0, nullptr)) {
-      for (int64_t r = 0; r < ranks; ++r)
-        if (max_layers_for(r, 0) < 1)
-          throw std::invalid_argument("memory: rank " + std::to_string(r) +
-                                      " cannot hold the weights of its stage");
       throw std::invalid_argument("memory: the ranks cannot hold the model's weights together");
     }
     int64_t lo = 0, hi = 1;
-    while (feasible(hi, nullptr) && hi < (int64_t{1} << 40)) hi *= 2;
-    while (hi - lo > 1) {
+    while (hi < kUnlimited / 2 && feasible(hi)) hi *= 2;
+    if (hi >= kUnlimited / 2 && feasible(kUnlimited)) lo = kUnlimited;  // no rank keeps K/V
+    while (lo != kUnlimited && hi - lo > 1) {
       const int64_t mid = lo + (hi - lo) / 2;
-      (feasible(mid, nullptr) ? lo : hi) = mid;
+      (feasible(mid) ? lo : hi) = mid;
     }
-    feasible(lo, &split);
+    // Among the best splits, the most even one: the smallest spread between the largest and
+    // the smallest stage.
+    for (int64_t spread = 0; spread < num_layers && split.empty(); ++spread)
+      for (int64_t min_size = num_layers / ranks; min_size >= 1 && split.empty(); --min_size)
+        split = find_split(num_layers, cost, budgets, lo, min_size, min_size + spread);
   }
   PartitionPlan plan = plan_for(split, cost, budgets);
   for (size_t r = 0; r < plan.stages.size(); ++r)

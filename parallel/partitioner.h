@@ -19,6 +19,7 @@ struct StageCost {
   int64_t first_extra_bytes = 0;    // embedding, on the first stage
   int64_t last_extra_bytes = 0;     // final norm and LM head, on the last stage
   int64_t kv_bytes_per_block_layer = 0;  // one block of K and V for one layer
+  int64_t first_cached_layer = 0;  // layers before it keep no K/V (layer-level reuse)
 };
 
 struct RankBudget {
@@ -34,16 +35,18 @@ struct StagePlan {
   int64_t num_layers = 0;
   int64_t weight_bytes = 0;
   int64_t kv_budget_bytes = 0;
+  int64_t cached_layers = 0;    // layers whose K/V the rank keeps
   int64_t max_blocks = 0;       // blocks this rank alone could hold
 };
 
 struct PartitionPlan {
   std::vector<StagePlan> stages;
-  int64_t num_blocks = 0;       // common to every rank
+  int64_t num_blocks = 0;       // common to every rank; int64 max when no rank keeps K/V
 };
 
-// Blocks a rank holding `layers` layers and `weights` bytes can keep under `budget`.
-int64_t stage_blocks(const StageCost& cost, const RankBudget& budget, int64_t layers,
+// Blocks a rank holding `cached_layers` layers with K/V and `weight_bytes` of weights can
+// keep under `budget`: int64 max when it caches no layer, -1 when the weights do not fit.
+int64_t stage_blocks(const StageCost& cost, const RankBudget& budget, int64_t cached_layers,
                      int64_t weight_bytes);
 
 // `pinned` empty: the split that maximises the common block count (ties: the most even).

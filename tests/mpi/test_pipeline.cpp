@@ -82,17 +82,20 @@ class Pipeline : public ::testing::Test {
     return run;
   }
 
-  static void expect_same_as_one_rank(const JobRun& run) {
+  static void expect_same_as_one_rank(const JobRun& run, double tolerance = 1e-5,
+                                      const JobRun* reference = nullptr) {
+    const JobRun& ref_run = reference ? *reference : *reference_;
     ASSERT_EQ(run.result.code, 0) << run.result.err;
-    EXPECT_EQ(run.outputs, reference_->outputs);
-    ASSERT_EQ(run.logprobs.size(), reference_->logprobs.size());
+    ASSERT_EQ(ref_run.result.code, 0) << ref_run.result.err;
+    EXPECT_EQ(run.outputs, ref_run.outputs);
+    ASSERT_EQ(run.logprobs.size(), ref_run.logprobs.size());
     double worst = 0;
-    for (const auto& [key, ref] : reference_->logprobs) {
+    for (const auto& [key, ref] : ref_run.logprobs) {
       const std::vector<double>& got = run.logprobs.at(key);
       ASSERT_EQ(got.size(), ref.size());
       for (size_t v = 0; v < ref.size(); ++v) worst = std::max(worst, std::abs(got[v] - ref[v]));
     }
-    EXPECT_LE(worst, 1e-5);
+    EXPECT_LE(worst, tolerance);
     // One summary line per rank on stderr.
     EXPECT_NE(run.result.err.find("rank 0: busy"), std::string::npos) << run.result.err;
   }
@@ -138,6 +141,25 @@ TEST_F(Pipeline, UnevenBudgetsSplitLayersByMemory) {
   const JobRun run = generate(2, "--set cache.memory=[1MiB,512KiB]");
   expect_same_as_one_rank(run);
   EXPECT_NE(run.result.err.find("split [5, 2]"), std::string::npos) << run.result.err;
+}
+
+TEST_F(Pipeline, CachedLayersOnTwoRanksMatchAllLayers) {
+  // The last 3 of 7 layers keep K/V; with the split [4, 3] rank 0 keeps none at all and
+  // recomputes its layers over whole sequences every step.
+  const JobRun run = generate(2, "--set cache.cached_layers=3 --set parallel.layers=[4,3]");
+  expect_same_as_one_rank(run, 1e-4);
+  EXPECT_NE(run.result.err.find("0 cached layer(s)"), std::string::npos) << run.result.err;
+}
+
+TEST_F(Pipeline, WindowOnThreeRanksMatchesOneRank) {
+  const std::string window = "--set 'cache.window={sinks: 2, recent: 8}'";
+  const JobRun one = generate(1, window);
+  expect_same_as_one_rank(generate(3, window), 1e-5, &one);
+  EXPECT_NE(one.outputs, reference_->outputs);  // the window does change what the model sees
+}
+
+TEST_F(Pipeline, PrefixReuseOffMatches) {
+  expect_same_as_one_rank(generate(2, "--set cache.prefix_reuse=false"));
 }
 
 TEST_F(Pipeline, RankThatThrowsMidRunStopsTheJob) {

@@ -200,6 +200,17 @@ TEST_F(CliTest, BadModelDirectories) {
   expect_bad_input(kvpipe("generate --config " + write_job(m.string()).string()), {"config.json"});
 }
 
+TEST_F(CliTest, BadCacheValues) {
+  const fs::path m = make_model("m");
+  const std::string gen = "generate --config " + write_job(m.string()).string();
+  expect_bad_input(kvpipe(gen + " --set cache.memory=-1MiB"), {"cache.memory"});
+  expect_bad_input(kvpipe(gen + " --set cache.block_size=0"), {"cache.block_size"});
+  expect_bad_input(kvpipe(gen + " --set 'cache.window={sinks: 0, recent: 100000}'"), {"cache.window.recent"});
+  expect_bad_input(kvpipe(gen + " --set cache.memory=[1MiB,1MiB]"), {"cache.memory"});
+  expect_bad_input(kvpipe(gen + " --set cache.cached_layers=9"), {"cache.cached_layers"});
+  expect_bad_input(kvpipe(gen + " --set cache.memory=1KiB"), {"cache.memory"});
+}
+
 // Malformed safetensors in an otherwise valid model directory.
 TEST_F(CliTest, BadSafetensorsFiles) {
   const fs::path m = make_model("m");

@@ -5,6 +5,8 @@
 #include "engine/layers.h"
 #include "engine/model_shard.h"
 #include "engine/model_weights.h"
+#include "tests/support/engine_run.h"
+#include "tests/support/reference_model.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -36,62 +38,16 @@ ModelConfig small_config(int64_t heads, int64_t kv_heads, bool qkv_bias = false)
 
 WeightSelection whole(const ModelConfig& c) { return {{0, c.num_layers}, true, true}; }
 
-// Logits of every position of `tokens`, computed over the whole sequence at once with a
-// dense causal mask: no cache, no block tables, no chunking.
-at::Tensor full_recompute_logits(const ModelWeights& w, const std::vector<int64_t>& tokens) {
-  const ModelConfig& c = w.config;
-  const int64_t T = static_cast<int64_t>(tokens.size());
-  const int64_t group = c.num_heads / c.num_kv_heads;
-  const at::Tensor pos = at::arange(T, at::kLong);
-  const RopeTables rope = make_rope_tables(c.max_position, c.head_dim, c.rope_theta, at::kFloat);
-  at::Tensor h = w.embedding.index_select(0, at::tensor(tokens, at::kLong));
-  const at::Tensor mask = at::ones({T, T}, at::kBool).triu(1);
-  for (const LayerWeights& l : w.layer) {
-    const at::Tensor x = rms_norm(h, l.input_norm, c.rms_eps);
-    at::Tensor qkv = at::matmul(x, l.qkv.t());
-    if (l.qkv_bias.defined()) qkv = qkv + l.qkv_bias;
-    const int64_t qd = c.num_heads * c.head_dim, kd = c.num_kv_heads * c.head_dim;
-    at::Tensor q = apply_rope(qkv.narrow(1, 0, qd).reshape({T, c.num_heads, c.head_dim}), pos, rope);
-    at::Tensor k = apply_rope(qkv.narrow(1, qd, kd).reshape({T, c.num_kv_heads, c.head_dim}), pos, rope);
-    at::Tensor v = qkv.narrow(1, qd + kd, kd).reshape({T, c.num_kv_heads, c.head_dim});
-    k = k.repeat_interleave(group, 1);
-    v = v.repeat_interleave(group, 1);
-    at::Tensor scores = at::einsum("qhd,khd->hqk", {q, k}) / std::sqrt(static_cast<double>(c.head_dim));
-    scores = scores.masked_fill(mask, -INFINITY).softmax(-1);
-    const at::Tensor attn = at::einsum("hqk,khd->qhd", {scores, v}).reshape({T, qd});
-    h = h + at::matmul(attn, l.o.t());
-    const at::Tensor y = at::matmul(rms_norm(h, l.post_norm, c.rms_eps), l.gate_up.t());
-    h = h + at::matmul(swiglu(y), l.down.t());
-  }
-  return at::matmul(rms_norm(h, w.final_norm, c.rms_eps), w.lm_head.t());
-}
-
-struct Generated {
-  std::map<int64_t, std::vector<int64_t>> tokens;
-  std::map<int64_t, std::vector<at::Tensor>> logits;
-  int64_t preemptions = 0;
-};
+using kvpipe::testing::Generated;
 
 Generated run_engine(const ModelShard& shard, int64_t block_size, int64_t num_blocks,
                      const std::vector<Request>& requests, int64_t max_batch = 32,
                      int64_t max_tokens_per_step = 2048) {
-  BlockPool pool(shard.kv_shape(block_size), num_blocks, at::kFloat, at::kCPU);
-  LocalExecutor executor(shard, pool);
-  EngineOptions o;
-  o.scheduler.block_size = block_size;
-  o.scheduler.max_batch = max_batch;
-  o.scheduler.max_tokens_per_step = max_tokens_per_step;
-  o.scheduler.max_context = shard.config().max_position;
-  o.keep_logits = true;
-  Engine engine(executor, shard.config(), num_blocks, o);
-  for (const Request& r : requests) engine.add(r);
-  Generated g;
-  engine.run([&](const TokenEvent& ev) {
-    g.tokens[ev.request_id].push_back(ev.token);
-    g.logits[ev.request_id].push_back(at::from_blob(const_cast<float*>(ev.logits), {ev.vocab}).clone());
-  });
-  g.preemptions = engine.scheduler().stats().preemptions;
-  return g;
+  SchedulerOptions o;
+  o.block_size = block_size;
+  o.max_batch = max_batch;
+  o.max_tokens_per_step = max_tokens_per_step;
+  return kvpipe::testing::run_engine(shard, o, num_blocks, requests);
 }
 
 std::vector<int64_t> prompt_of(int64_t len, int64_t salt, int64_t vocab) {
@@ -124,7 +80,7 @@ TEST_P(CachedDecode, MatchesFullRecomputeFor64Steps) {
 
   std::vector<int64_t> all = prompt;
   all.insert(all.end(), g.tokens.at(0).begin(), g.tokens.at(0).end());
-  const at::Tensor ref = full_recompute_logits(w, all);
+  const at::Tensor ref = kvpipe::testing::full_recompute_logits(w, all);
   double worst = 0.0;
   for (int64_t s = 0; s < steps; ++s) {
     const at::Tensor expected = ref[prompt_len - 1 + s];
@@ -147,7 +103,7 @@ TEST(EngineQwen2, BiasedProjectionsMatchFullRecompute) {
   const Generated g = run_engine(shard, 16, 32, {make_request(0, prompt, 16)});
   std::vector<int64_t> all = prompt;
   all.insert(all.end(), g.tokens.at(0).begin(), g.tokens.at(0).end());
-  const at::Tensor ref = full_recompute_logits(w, all);
+  const at::Tensor ref = kvpipe::testing::full_recompute_logits(w, all);
   for (size_t s = 0; s < g.logits.at(0).size(); ++s)
     EXPECT_LE((g.logits.at(0)[s] - ref[prompt.size() - 1 + s]).abs().max().item<double>(), 1e-4);
 }
