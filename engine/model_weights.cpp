@@ -1,5 +1,6 @@
 #include "engine/model_weights.h"
 
+#include "engine/gguf.h"
 #include "engine/safetensors.h"
 
 #include <ATen/ATen.h>
@@ -12,6 +13,11 @@ namespace kvpipe {
 namespace {
 
 const char* kDummyPrefix = "dummy:";
+
+bool is_gguf_path(const std::string& path) {
+  const std::string ext = ".gguf";
+  return path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
+}
 
 std::string layer_name(int64_t i, const std::string& suffix) {
   return "model.layers." + std::to_string(i) + "." + suffix;
@@ -98,6 +104,7 @@ ModelConfig load_model_config(const std::string& path) {
     cfg.validate(path);
     return cfg;
   }
+  if (is_gguf_path(path)) return load_gguf_config(path);
   return load_hf_config(path);
 }
 
@@ -156,6 +163,13 @@ ModelWeights random_weights(const ModelConfig& cfg, const WeightSelection& sel, 
 ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,
                           const WeightSelection& sel, at::ScalarType dtype) {
   if (path.rfind(kDummyPrefix, 0) == 0) return random_weights(cfg, sel, 0, kDefaultInitStd, dtype);
+  if (is_gguf_path(path)) {
+    auto file = std::make_shared<GgufFile>(path);
+    return build_weights(cfg, sel, dtype, [file, cfg](const std::string& name,
+                                                      const std::vector<int64_t>& shape) {
+      return load_gguf_tensor(*file, cfg, name, shape);
+    });
+  }
   auto files = std::make_shared<SafetensorsModel>(path);
   return build_weights(cfg, sel, dtype, [files, path, dtype](const std::string& name,
                                                              const std::vector<int64_t>& shape) {

@@ -62,7 +62,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> hf_tensor_layout(const
 at::Tensor random_tensor(const std::string& name, const std::vector<int64_t>& shape, uint64_t seed,
                          double std);
 
-// Resolves model.path: a directory with config.json, or "dummy:<preset>".
+// Resolves model.path: a directory with config.json, a GGUF file (*.gguf), or "dummy:<preset>".
 ModelConfig load_model_config(const std::string& path);
 
 // The selected tensors of a random model, as `init-model --seed seed --std std` writes it.

@@ -1,5 +1,6 @@
 #include "launch/init_model.h"
 
+#include "engine/gguf.h"
 #include "engine/model_weights.h"
 #include "engine/safetensors.h"
 
@@ -12,11 +13,25 @@ namespace kvpipe {
 
 void init_model(const InitModelOptions& o) {
   if (o.out.empty()) throw std::invalid_argument("--out: a path is required");
-  if (o.format != "hf")
-    throw std::invalid_argument("--format " + o.format + ": only 'hf' is implemented");
+  if (o.format != "hf" && o.format != "gguf")
+    throw std::invalid_argument("--format " + o.format + ": expected 'hf' or 'gguf'");
   if (!(o.std > 0)) throw std::invalid_argument("--std: must be positive");
   const at::ScalarType dtype = parse_dtype(o.dtype, "--dtype");
   o.config.validate("init-model");
+
+  if (o.format == "gguf") {
+    // Same tensors as the HF layout for the same flags: drawn under their HF names, then
+    // renamed and (q/k) permuted by the writer.
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const auto& [name, shape] : hf_tensor_layout(o.config))
+      tensors.emplace_back(name, random_tensor(name, shape, o.seed, o.std));
+    const std::filesystem::path parent = std::filesystem::path(o.out).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    if (ec) throw std::invalid_argument(parent.string() + ": cannot create directory: " + ec.message());
+    write_gguf_model(o.out, o.config, tensors, dtype);
+    return;
+  }
 
   std::error_code ec;
   std::filesystem::create_directories(o.out, ec);

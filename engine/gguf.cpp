@@ -1,0 +1,632 @@
+#include "engine/gguf.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Half.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <stdexcept>
+
+namespace kvpipe {
+namespace {
+
+constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian uint32
+constexpr uint32_t kVersion = 3;
+constexpr uint32_t kDefaultAlignment = 32;
+constexpr int64_t kQ8Block = 32;
+constexpr uint64_t kQ8BlockBytes = 34;  // f16 scale + 32 int8
+// Far above any real model; stops a corrupt count from driving a huge allocation.
+constexpr uint64_t kMaxCount = uint64_t{1} << 32;
+constexpr uint32_t kMaxDims = 4;  // GGML_MAX_DIMS
+
+[[noreturn]] void fail(const std::string& where, const std::string& what) {
+  std::string message = where + ": " + what;
+  std::replace_if(
+      message.begin(), message.end(), [](char c) { return c == '\n' || c == '\r'; }, ' ');
+  throw std::invalid_argument(message);
+}
+
+const std::map<uint32_t, std::string>& type_names() {
+  static const std::map<uint32_t, std::string> names = {
+      {0, "F32"},      {1, "F16"},      {2, "Q4_0"},     {3, "Q4_1"},    {6, "Q5_0"},
+      {7, "Q5_1"},     {8, "Q8_0"},     {9, "Q8_1"},     {10, "Q2_K"},   {11, "Q3_K"},
+      {12, "Q4_K"},    {13, "Q5_K"},    {14, "Q6_K"},    {15, "Q8_K"},   {16, "IQ2_XXS"},
+      {17, "IQ2_XS"},  {18, "IQ3_XXS"}, {19, "IQ1_S"},   {20, "IQ4_NL"}, {21, "IQ3_S"},
+      {22, "IQ2_S"},   {23, "IQ4_XS"},  {24, "I8"},      {25, "I16"},    {26, "I32"},
+      {27, "I64"},     {28, "F64"},     {29, "IQ1_M"},   {30, "BF16"},   {34, "TQ1_0"},
+      {35, "TQ2_0"},   {39, "MXFP4"}};
+  return names;
+}
+
+bool supported(uint32_t type) {
+  return type == uint32_t(GgmlType::F32) || type == uint32_t(GgmlType::F16) ||
+         type == uint32_t(GgmlType::BF16) || type == uint32_t(GgmlType::Q8_0);
+}
+
+// Little-endian cursor over the mapped header; every read is bounds-checked so a truncated
+// or corrupt header is a message, not a crash.
+class Reader {
+ public:
+  Reader(const std::string& path, const uint8_t* p, size_t size) : path_(path), p_(p), size_(size) {}
+
+  size_t pos() const { return pos_; }
+
+  const uint8_t* take(uint64_t n, const std::string& what) {
+    if (n > size_ - pos_)
+      fail(path_, "file ends inside the header (reading " + what + " at byte " +
+                      std::to_string(pos_) + ")");
+    const uint8_t* at = p_ + pos_;
+    pos_ += n;
+    return at;
+  }
+  template <typename T>
+  T read(const std::string& what) {
+    T v;
+    std::memcpy(&v, take(sizeof(T), what), sizeof(T));  // hosts are little-endian (x86, arm64)
+    return v;
+  }
+  std::string string(const std::string& what) {
+    const uint64_t n = read<uint64_t>(what);
+    if (n > kMaxCount) fail(path_, what + ": string length " + std::to_string(n) + " is implausible");
+    const uint8_t* s = take(n, what);
+    return std::string(reinterpret_cast<const char*>(s), n);
+  }
+
+ private:
+  std::string path_;
+  const uint8_t* p_;
+  size_t size_;
+  size_t pos_ = 0;
+};
+
+size_t scalar_size(GgufValueType t) {
+  switch (t) {
+    case GgufValueType::U8: case GgufValueType::I8: case GgufValueType::BOOL: return 1;
+    case GgufValueType::U16: case GgufValueType::I16: return 2;
+    case GgufValueType::U32: case GgufValueType::I32: case GgufValueType::F32: return 4;
+    case GgufValueType::U64: case GgufValueType::I64: case GgufValueType::F64: return 8;
+    default: return 0;
+  }
+}
+
+GgufValue read_scalar(Reader& r, GgufValueType t, const std::string& what) {
+  GgufValue v;
+  v.type = t;
+  switch (t) {
+    case GgufValueType::U8: v.integer = r.read<uint8_t>(what); break;
+    case GgufValueType::I8: v.integer = r.read<int8_t>(what); break;
+    case GgufValueType::U16: v.integer = r.read<uint16_t>(what); break;
+    case GgufValueType::I16: v.integer = r.read<int16_t>(what); break;
+    case GgufValueType::U32: v.integer = r.read<uint32_t>(what); break;
+    case GgufValueType::I32: v.integer = r.read<int32_t>(what); break;
+    case GgufValueType::U64: v.integer = static_cast<int64_t>(r.read<uint64_t>(what)); break;
+    case GgufValueType::I64: v.integer = r.read<int64_t>(what); break;
+    case GgufValueType::BOOL: v.integer = r.read<uint8_t>(what) != 0; break;
+    case GgufValueType::F32: v.number = r.read<float>(what); break;
+    case GgufValueType::F64: v.number = r.read<double>(what); break;
+    case GgufValueType::STRING: v.string = r.string(what); break;
+    default: break;
+  }
+  return v;
+}
+
+bool is_integer(GgufValueType t) {
+  return t != GgufValueType::F32 && t != GgufValueType::F64 && t != GgufValueType::STRING &&
+         t != GgufValueType::ARRAY;
+}
+
+std::string layer_suffix_to_gguf(const std::string& s) {
+  static const std::map<std::string, std::string> m = {
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},
+      {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},
+      {"self_attn.q_proj.bias", "attn_q.bias"},
+      {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.bias", "attn_v.bias"},
+      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"}};
+  const auto it = m.find(s);
+  return it == m.end() ? std::string() : it->second;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string arch_of(const ModelConfig& cfg) {
+  return cfg.architecture == "Qwen2ForCausalLM" ? "qwen2" : "llama";
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+std::string ggml_type_name(uint32_t type) {
+  const auto it = type_names().find(type);
+  return it == type_names().end() ? "type " + std::to_string(type) : it->second;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+
+GgufFile::GgufFile(const std::string& path) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path, "not a regular file");
+  }
+  map_size_ = static_cast<size_t>(st.st_size);
+  if (map_size_ < 8) {
+    ::close(fd);
+    fail(path, "too short for a GGUF header (" + std::to_string(map_size_) + " bytes)");
+  }
+  map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    fail(path, std::string("cannot map: ") + std::strerror(errno));
+  }
+  try {
+    const auto* base = static_cast<const uint8_t*>(map_);
+    Reader r(path, base, map_size_);
+    const uint32_t magic = r.read<uint32_t>("magic");
+    if (magic != kMagic) fail(path, "bad magic: not a GGUF file");
+    version_ = r.read<uint32_t>("version");
+    if (version_ != kVersion)
+      fail(path, "unsupported GGUF version " + std::to_string(version_) + " (only 3 is read)");
+    const uint64_t n_tensors = r.read<uint64_t>("tensor count");
+    const uint64_t n_kv = r.read<uint64_t>("metadata count");
+    if (n_tensors > kMaxCount || n_kv > kMaxCount)
+      fail(path, "implausible tensor or metadata count");
+
+    for (uint64_t i = 0; i < n_kv; ++i) {
+      const std::string key = r.string("metadata key " + std::to_string(i));
+      const std::string what = "metadata '" + key + "'";
+      const auto type = static_cast<GgufValueType>(r.read<uint32_t>(what));
+      GgufValue v;
+      if (type == GgufValueType::ARRAY) {
+        v.type = type;
+        v.element = static_cast<GgufValueType>(r.read<uint32_t>(what));
+        v.count = r.read<uint64_t>(what);
+        if (v.count > kMaxCount) fail(path, what + ": implausible array length");
+        if (v.element == GgufValueType::STRING) {
+          for (uint64_t j = 0; j < v.count; ++j) r.string(what);
+        } else {
+          const size_t size = scalar_size(v.element);
+          if (size == 0) fail(path, what + ": unknown array element type " + std::to_string(uint32_t(v.element)));
+          r.take(size * v.count, what);
+        }
+      } else {
+        if (type != GgufValueType::STRING && scalar_size(type) == 0)
+          fail(path, what + ": unknown value type " + std::to_string(uint32_t(type)));
+        v = read_scalar(r, type, what);
+      }
+      if (!metadata_.emplace(key, std::move(v)).second) fail(path, "duplicate " + what);
+    }
+
+    uint64_t alignment = kDefaultAlignment;
+    if (has("general.alignment")) {
+      const int64_t a = get_int("general.alignment");
+      if (a <= 0 || (a & (a - 1)) != 0)
+        fail(path, "general.alignment " + std::to_string(a) + " is not a power of two");
+      alignment = static_cast<uint64_t>(a);
+    }
+
+    for (uint64_t i = 0; i < n_tensors; ++i) {
+      GgufTensorInfo t;
+      t.name = r.string("tensor info " + std::to_string(i));
+      const std::string what = "tensor '" + t.name + "'";
+      const uint32_t n_dims = r.read<uint32_t>(what);
+      if (n_dims == 0 || n_dims > kMaxDims)
+        fail(path, what + ": " + std::to_string(n_dims) + " dimensions (1 to 4 allowed)");
+      uint64_t elements = 1;
+      for (uint32_t d = 0; d < n_dims; ++d) {
+        const uint64_t n = r.read<uint64_t>(what);
+        if (n == 0 || n > (uint64_t{1} << 40) || __builtin_mul_overflow(elements, n, &elements))
+          fail(path, what + ": bad dimension " + std::to_string(n));
+        t.ne.push_back(static_cast<int64_t>(n));
+      }
+      t.type = r.read<uint32_t>(what);
+      t.offset = r.read<uint64_t>(what);
+      if (type_names().count(t.type) == 0)
+        fail(path, what + ": unknown tensor type " + std::to_string(t.type));
+      if (t.offset % alignment != 0)
+        fail(path, what + ": offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
+                       std::to_string(alignment));
+      if (supported(t.type)) {
+        if (t.type == uint32_t(GgmlType::Q8_0)) {
+          if (t.ne[0] % kQ8Block != 0)
+            fail(path, what + ": Q8_0 row of " + std::to_string(t.ne[0]) + " values is not a multiple of 32");
+          t.bytes = elements / kQ8Block * kQ8BlockBytes;
+        } else {
+          t.bytes = elements * (t.type == uint32_t(GgmlType::F32) ? 4 : 2);
+        }
+      }
+      if (!tensors_.emplace(t.name, t).second) fail(path, "duplicate " + what);
+      order_.push_back(t.name);
+    }
+
+    const uint64_t data_start = (r.pos() + alignment - 1) / alignment * alignment;
+    if (data_start > map_size_ && n_tensors > 0)
+      fail(path, "file ends before the tensor data section (truncated)");
+    data_ = base + std::min<uint64_t>(data_start, map_size_);
+    const uint64_t data_size = map_size_ - std::min<uint64_t>(data_start, map_size_);
+    for (const auto& [name, t] : tensors_) {
+      if (t.offset > data_size || t.bytes > data_size - t.offset)
+        fail(path, "tensor '" + name + "': data [" + std::to_string(t.offset) + ", " +
+                       std::to_string(t.offset + t.bytes) + ") runs past the end of the file (" +
+                       std::to_string(data_size) + " data bytes; truncated or offset out of range)");
+    }
+  } catch (...) {
+    ::munmap(map_, map_size_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+GgufFile::~GgufFile() {
+  if (map_ != nullptr) ::munmap(map_, map_size_);
+}
+
+int64_t GgufFile::get_int(const std::string& key) const {
+  const auto it = metadata_.find(key);
+  if (it == metadata_.end()) fail(path_, "missing metadata '" + key + "'");
+  if (!is_integer(it->second.type)) fail(path_, "metadata '" + key + "' is not an integer");
+  return it->second.integer;
+}
+
+double GgufFile::get_float(const std::string& key) const {
+  const auto it = metadata_.find(key);
+  if (it == metadata_.end()) fail(path_, "missing metadata '" + key + "'");
+  const GgufValue& v = it->second;
+  if (v.type == GgufValueType::F32 || v.type == GgufValueType::F64) return v.number;
+  if (is_integer(v.type) && v.type != GgufValueType::BOOL) return static_cast<double>(v.integer);
+  fail(path_, "metadata '" + key + "' is not a number");
+}
+
+const std::string& GgufFile::get_string(const std::string& key) const {
+  const auto it = metadata_.find(key);
+  if (it == metadata_.end()) fail(path_, "missing metadata '" + key + "'");
+  if (it->second.type != GgufValueType::STRING) fail(path_, "metadata '" + key + "' is not a string");
+  return it->second.string;
+}
+
+const GgufTensorInfo& GgufFile::tensor(const std::string& name) const {
+  const auto it = tensors_.find(name);
+  if (it == tensors_.end()) fail(path_, "missing tensor '" + name + "'");
+  return it->second;
+}
+
+std::vector<std::string> GgufFile::tensor_names() const { return order_; }
+
+at::Tensor GgufFile::load(const std::string& name) const {
+  const GgufTensorInfo& t = tensor(name);
+  if (!supported(t.type))
+    fail(path_, "tensor '" + name + "' has type " + ggml_type_name(t.type) +
+                    ", which is not supported (F32, F16, BF16, Q8_0)");
+  const std::vector<int64_t> shape = t.shape();
+  void* src = const_cast<uint8_t*>(data_ + t.offset);  // from_blob wants void*; never written
+  switch (static_cast<GgmlType>(t.type)) {
+    case GgmlType::F32:
+      return at::from_blob(src, shape, at::kFloat).clone();
+    case GgmlType::F16:
+      return at::from_blob(src, shape, at::kHalf).to(at::kFloat);
+    case GgmlType::BF16:
+      return at::from_blob(src, shape, at::kBFloat16).to(at::kFloat);
+    case GgmlType::Q8_0: {
+      at::Tensor out = at::empty(shape, at::kFloat);
+      float* dst = out.data_ptr<float>();
+      const uint8_t* p = data_ + t.offset;
+      const int64_t blocks = out.numel() / kQ8Block;
+      for (int64_t b = 0; b < blocks; ++b, p += kQ8BlockBytes) {
+        uint16_t bits;
+        std::memcpy(&bits, p, 2);
+        const float d = static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+        const auto* q = reinterpret_cast<const int8_t*>(p + 2);
+        for (int64_t i = 0; i < kQ8Block; ++i) dst[b * kQ8Block + i] = d * static_cast<float>(q[i]);
+      }
+      return out;
+    }
+  }
+  fail(path_, "tensor '" + name + "': unreachable type");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+namespace {
+
+template <typename T>
+void put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+void put_string(std::string& out, const std::string& s) {
+  put<uint64_t>(out, s.size());
+  out += s;
+}
+
+}  // namespace
+
+void GgufWriter::add_string(const std::string& key, const std::string& value) {
+  put_string(kv_, key), put<uint32_t>(kv_, uint32_t(GgufValueType::STRING)), put_string(kv_, value);
+  ++kv_count_;
+}
+void GgufWriter::add_u32(const std::string& key, uint32_t value) {
+  put_string(kv_, key), put<uint32_t>(kv_, uint32_t(GgufValueType::U32)), put<uint32_t>(kv_, value);
+  ++kv_count_;
+}
+void GgufWriter::add_i32(const std::string& key, int32_t value) {
+  put_string(kv_, key), put<uint32_t>(kv_, uint32_t(GgufValueType::I32)), put<int32_t>(kv_, value);
+  ++kv_count_;
+}
+void GgufWriter::add_f32(const std::string& key, float value) {
+  put_string(kv_, key), put<uint32_t>(kv_, uint32_t(GgufValueType::F32)), put<float>(kv_, value);
+  ++kv_count_;
+}
+void GgufWriter::add_bool(const std::string& key, bool value) {
+  put_string(kv_, key), put<uint32_t>(kv_, uint32_t(GgufValueType::BOOL)), put<uint8_t>(kv_, value);
+  ++kv_count_;
+}
+void GgufWriter::add_string_array(const std::string& key, const std::vector<std::string>& values) {
+  put_string(kv_, key), put<uint32_t>(kv_, uint32_t(GgufValueType::ARRAY));
+  put<uint32_t>(kv_, uint32_t(GgufValueType::STRING)), put<uint64_t>(kv_, values.size());
+  for (const auto& v : values) put_string(kv_, v);
+  ++kv_count_;
+}
+void GgufWriter::add_f32_array(const std::string& key, const std::vector<float>& values) {
+  put_string(kv_, key), put<uint32_t>(kv_, uint32_t(GgufValueType::ARRAY));
+  put<uint32_t>(kv_, uint32_t(GgufValueType::F32)), put<uint64_t>(kv_, values.size());
+  for (float v : values) put<float>(kv_, v);
+  ++kv_count_;
+}
+void GgufWriter::add_i32_array(const std::string& key, const std::vector<int32_t>& values) {
+  put_string(kv_, key), put<uint32_t>(kv_, uint32_t(GgufValueType::ARRAY));
+  put<uint32_t>(kv_, uint32_t(GgufValueType::I32)), put<uint64_t>(kv_, values.size());
+  for (int32_t v : values) put<int32_t>(kv_, v);
+  ++kv_count_;
+}
+
+void GgufWriter::add_tensor(const std::string& name, uint32_t type, const std::vector<int64_t>& ne,
+                            std::string bytes) {
+  tensors_.push_back({name, type, ne, std::move(bytes)});
+}
+
+void GgufWriter::add_tensor(const std::string& name, const at::Tensor& tensor) {
+  const at::Tensor t = tensor.contiguous();
+  uint32_t type;
+  switch (t.scalar_type()) {
+    case at::kFloat: type = uint32_t(GgmlType::F32); break;
+    case at::kHalf: type = uint32_t(GgmlType::F16); break;
+    case at::kBFloat16: type = uint32_t(GgmlType::BF16); break;
+    default: throw std::invalid_argument("GGUF tensor '" + name + "': unsupported dtype");
+  }
+  const std::vector<int64_t> ne(t.sizes().rbegin(), t.sizes().rend());
+  add_tensor(name, type, ne,
+             std::string(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size()));
+}
+
+std::string GgufWriter::serialize(uint32_t alignment) const {
+  std::string out;
+  put<uint32_t>(out, kMagic);
+  put<uint32_t>(out, kVersion);
+  put<uint64_t>(out, tensors_.size());
+  const bool custom_alignment = alignment != kDefaultAlignment;
+  put<uint64_t>(out, kv_count_ + (custom_alignment ? 1 : 0));
+  out += kv_;
+  if (custom_alignment) {
+    put_string(out, "general.alignment"), put<uint32_t>(out, uint32_t(GgufValueType::U32));
+    put<uint32_t>(out, alignment);
+  }
+  auto pad = [alignment](uint64_t n) { return (n + alignment - 1) / alignment * alignment; };
+  uint64_t offset = 0;
+  for (const auto& t : tensors_) {
+    put_string(out, t.name);
+    put<uint32_t>(out, t.ne.size());
+    for (int64_t n : t.ne) put<uint64_t>(out, n);
+    put<uint32_t>(out, t.type);
+    put<uint64_t>(out, offset);
+    offset = pad(offset + t.bytes.size());
+  }
+  out.resize(pad(out.size()), '\0');
+  for (const auto& t : tensors_) {
+    out += t.bytes;
+    out.resize(pad(out.size()), '\0');
+  }
+  return out;
+}
+
+void GgufWriter::write(const std::string& path, uint32_t alignment) const {
+  const std::string bytes = serialize(alignment);
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) fail(path, std::string("cannot open for writing: ") + std::strerror(errno));
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!f) fail(path, "write failed");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model level
+
+std::string gguf_tensor_name(const std::string& hf_name) {
+  if (hf_name == "model.embed_tokens.weight") return "token_embd.weight";
+  if (hf_name == "model.norm.weight") return "output_norm.weight";
+  if (hf_name == "lm_head.weight") return "output.weight";
+  const std::string prefix = "model.layers.";
+  if (hf_name.rfind(prefix, 0) == 0) {
+    const size_t dot = hf_name.find('.', prefix.size());
+    if (dot != std::string::npos) {
+      const std::string index = hf_name.substr(prefix.size(), dot - prefix.size());
+      const std::string suffix = layer_suffix_to_gguf(hf_name.substr(dot + 1));
+      if (!index.empty() && std::all_of(index.begin(), index.end(), ::isdigit) && !suffix.empty())
+        return "blk." + index + "." + suffix;
+    }
+  }
+  throw std::invalid_argument("tensor '" + hf_name + "' has no GGUF name");
+}
+
+at::Tensor gguf_permute_rows(const at::Tensor& w, int64_t heads) {
+  const int64_t rows = w.size(0), hd = rows / heads;
+  std::vector<int64_t> view = {heads, 2, hd / 2};
+  for (int64_t d = 1; d < w.dim(); ++d) view.push_back(w.size(d));
+  return w.reshape(view).transpose(1, 2).reshape(w.sizes()).contiguous();
+}
+
+at::Tensor gguf_unpermute_rows(const at::Tensor& w, int64_t heads) {
+  const int64_t rows = w.size(0), hd = rows / heads;
+  std::vector<int64_t> view = {heads, hd / 2, 2};
+  for (int64_t d = 1; d < w.dim(); ++d) view.push_back(w.size(d));
+  return w.reshape(view).transpose(1, 2).reshape(w.sizes()).contiguous();
+}
+
+ModelConfig gguf_config(const GgufFile& f) {
+  const std::string arch = f.get_string("general.architecture");
+  ModelConfig c;
+  if (arch == "llama") {
+    c.architecture = "LlamaForCausalLM";
+  } else if (arch == "qwen2") {
+    c.architecture = "Qwen2ForCausalLM";
+    c.qkv_bias = true;
+  } else {
+    fail(f.path(), "general.architecture '" + arch + "' is not supported (llama, qwen2)");
+  }
+  const std::string k = arch + ".";
+  c.max_position = f.get_int(k + "context_length");
+  c.hidden_size = f.get_int(k + "embedding_length");
+  c.num_layers = f.get_int(k + "block_count");
+  c.intermediate_size = f.get_int(k + "feed_forward_length");
+  c.num_heads = f.get_int(k + "attention.head_count");
+  // llama.cpp's defaults for the optional keys.
+  c.num_kv_heads = f.has(k + "attention.head_count_kv") ? f.get_int(k + "attention.head_count_kv") : c.num_heads;
+  c.head_dim = f.has(k + "attention.key_length") ? f.get_int(k + "attention.key_length")
+                                                  : (c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
+  if (f.has(k + "attention.value_length") && f.get_int(k + "attention.value_length") != c.head_dim)
+    fail(f.path(), "attention.value_length differs from key_length (not supported)");
+  if (f.has(k + "rope.dimension_count") && f.get_int(k + "rope.dimension_count") != c.head_dim)
+    fail(f.path(), k + "rope.dimension_count " + std::to_string(f.get_int(k + "rope.dimension_count")) +
+                       " differs from the head dimension " + std::to_string(c.head_dim) +
+                       " (partial rotary embedding is not supported)");
+  c.rope_theta = f.has(k + "rope.freq_base") ? f.get_float(k + "rope.freq_base") : 10000.0;
+  c.rms_eps = f.get_float(k + "attention.layer_norm_rms_epsilon");
+  if (f.has(k + "rope.scaling.type") && f.get_string(k + "rope.scaling.type") != "none")
+    fail(f.path(), k + "rope.scaling.type '" + f.get_string(k + "rope.scaling.type") + "' is not supported");
+  if (f.has(k + "rope.scale_linear") && f.get_float(k + "rope.scale_linear") != 1.0)
+    fail(f.path(), k + "rope.scale_linear is not supported");
+
+  const GgufTensorInfo& embd = f.tensor("token_embd.weight");
+  if (f.has(k + "vocab_size")) c.vocab_size = f.get_int(k + "vocab_size");
+  else if (embd.ne.size() == 2) c.vocab_size = embd.ne[1];
+  c.tie_embeddings = !f.contains("output.weight");
+  if (f.has("tokenizer.ggml.bos_token_id")) c.bos_token_id = f.get_int("tokenizer.ggml.bos_token_id");
+  if (f.has("tokenizer.ggml.eos_token_id")) c.eos_token_ids = {f.get_int("tokenizer.ggml.eos_token_id")};
+  c.validate(f.path());
+  return c;
+}
+
+ModelConfig load_gguf_config(const std::string& path) {
+  return gguf_config(GgufFile(path));
+}
+
+at::Tensor load_gguf_tensor(const GgufFile& file, const ModelConfig& cfg, const std::string& hf_name,
+                            const std::vector<int64_t>& expected) {
+  const std::string name = gguf_tensor_name(hf_name);
+  const std::vector<int64_t> actual = file.tensor(name).shape();
+  if (actual != expected)
+    fail(file.path(), "tensor '" + name + "' has shape " + shape_text(actual) +
+                          " (ne reversed), the metadata implies " + shape_text(expected));
+  at::Tensor t = file.load(name);
+  if (cfg.architecture != "Qwen2ForCausalLM") {
+    if (ends_with(name, "attn_q.weight")) return gguf_unpermute_rows(t, cfg.num_heads);
+    if (ends_with(name, "attn_k.weight")) return gguf_unpermute_rows(t, cfg.num_kv_heads);
+  }
+  return t;
+}
+
+void write_gguf_model(const std::string& path, const ModelConfig& cfg,
+                      const std::vector<std::pair<std::string, at::Tensor>>& hf_tensors,
+                      at::ScalarType dtype) {
+  const std::string arch = arch_of(cfg), k = arch + ".";
+  GgufWriter w;
+  w.add_string("general.architecture", arch);
+  w.add_string("general.name", "kvpipe-random");
+  w.add_u32("general.alignment", kDefaultAlignment);
+  w.add_u32("general.file_type", dtype == at::kFloat ? 0 : dtype == at::kHalf ? 1 : 32);
+  w.add_u32(k + "vocab_size", cfg.vocab_size);
+  w.add_u32(k + "context_length", cfg.max_position);
+  w.add_u32(k + "embedding_length", cfg.hidden_size);
+  w.add_u32(k + "block_count", cfg.num_layers);
+  w.add_u32(k + "feed_forward_length", cfg.intermediate_size);
+  w.add_u32(k + "attention.head_count", cfg.num_heads);
+  w.add_u32(k + "attention.head_count_kv", cfg.num_kv_heads);
+  w.add_u32(k + "attention.key_length", cfg.head_dim);
+  w.add_u32(k + "attention.value_length", cfg.head_dim);
+  w.add_u32(k + "rope.dimension_count", cfg.head_dim);
+  w.add_f32(k + "rope.freq_base", static_cast<float>(cfg.rope_theta));
+  w.add_f32(k + "attention.layer_norm_rms_epsilon", static_cast<float>(cfg.rms_eps));
+
+  // A SentencePiece-shaped vocabulary: <unk>, <s>, </s>, the 256 byte tokens when they fit,
+  // then placeholders. Prompts are token ids, so only its size and special ids matter, but
+  // llama.cpp looks tokens up by text and wants them unique.
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  std::vector<int32_t> types;  // llama_token_type: 1 normal, 2 unknown, 3 control, 6 byte
+  const bool bytes = cfg.vocab_size >= 3 + 256;
+  for (int64_t i = 0; i < cfg.vocab_size; ++i) {
+    std::string text;
+    int32_t type = 1;
+    if (i == 0) text = "<unk>", type = 2;
+    else if (i == cfg.bos_token_id) text = "<s>", type = 3;
+    else if (std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), i) != cfg.eos_token_ids.end())
+      text = "</s>" + (i == cfg.eos_token_ids.front() ? std::string() : std::to_string(i)), type = 3;
+    else if (bytes && i >= 3 && i < 3 + 256) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "<0x%02X>", static_cast<unsigned>(i - 3));
+      text = buf, type = 6;
+    } else {
+      text = "tok" + std::to_string(i);
+    }
+    tokens.push_back(text);
+    scores.push_back(type == 1 ? -static_cast<float>(i) : 0.0f);
+    types.push_back(type);
+  }
+  w.add_string("tokenizer.ggml.model", "llama");
+  w.add_string_array("tokenizer.ggml.tokens", tokens);
+  w.add_f32_array("tokenizer.ggml.scores", scores);
+  w.add_i32_array("tokenizer.ggml.token_type", types);
+  if (cfg.bos_token_id >= 0) w.add_u32("tokenizer.ggml.bos_token_id", cfg.bos_token_id);
+  if (!cfg.eos_token_ids.empty()) w.add_u32("tokenizer.ggml.eos_token_id", cfg.eos_token_ids.front());
+  w.add_u32("tokenizer.ggml.unknown_token_id", 0);
+  w.add_bool("tokenizer.ggml.add_bos_token", false);
+  w.add_bool("tokenizer.ggml.add_eos_token", false);
+
+  for (const auto& [hf_name, tensor] : hf_tensors) {
+    const std::string name = gguf_tensor_name(hf_name);
+    at::Tensor t = tensor.to(dtype);
+    if (t.dim() == 1) {
+      t = t.to(at::kFloat);  // llama.cpp keeps 1-D tensors (norms, biases) in F32
+    } else if (arch == "llama" && ends_with(name, "attn_q.weight")) {
+      t = gguf_permute_rows(t, cfg.num_heads);
+    } else if (arch == "llama" && ends_with(name, "attn_k.weight")) {
+      t = gguf_permute_rows(t, cfg.num_kv_heads);
+    }
+    w.add_tensor(name, t.contiguous());
+  }
+  w.write(path);
+}
+
+}  // namespace kvpipe
