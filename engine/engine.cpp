@@ -65,7 +65,9 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
   std::deque<InFlight> flight;
   int64_t step = 0;
   while (!scheduler_.done()) {
-    while (flight.size() < executor_.max_in_flight()) {
+    const bool stopping = options_.should_stop && options_.should_stop();
+    if (stopping && flight.empty()) break;
+    while (!stopping && flight.size() < executor_.max_in_flight()) {
       InFlight f;
       f.batch = scheduler_.schedule(step, f.seqs, static_cast<int64_t>(executor_.max_in_flight()));
       if (f.batch.seqs.empty()) break;

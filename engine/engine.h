@@ -73,6 +73,9 @@ struct RequestResult {
 struct EngineOptions {
   SchedulerOptions scheduler;
   bool keep_logits = false;
+  // Polled before each step: once it returns true, run() schedules nothing new, collects the
+  // micro-batches in flight and returns (a job stopped by SIGINT/SIGTERM).
+  std::function<bool()> should_stop;
 };
 
 struct EngineStats {
@@ -92,7 +95,7 @@ class Engine {
   // prompt longer than the context, or a request that can never fit in the pool.
   void add(const Request& request);
 
-  // Steps until every request has finished.
+  // Steps until every request has finished, or until options.should_stop() says to stop.
   void run(const std::function<void(const TokenEvent&)>& on_token = {});
 
   std::vector<RequestResult> results() const;

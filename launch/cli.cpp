@@ -5,12 +5,17 @@
 #include "launch/init_model.h"
 #include "launch/job_config.h"
 #include "launch/job_plan.h"
+#include "launch/device_plan.h"
+#include "launch/log.h"
+#include "launch/signals.h"
+#include "launch/slurm_script.h"
 #include "parallel/world.h"
 
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -69,6 +74,29 @@ int guarded(F&& body, World* world) {
   return code;
 }
 
+// Prints every problem, one line each, and says whether there were any.
+bool report_problems(const std::vector<ConfigProblem>& problems, const std::string& file) {
+  if (problems.empty()) return false;
+  if (problems.size() > 1)
+    std::fprintf(stderr, "kvpipe: %zu problems in %s:\n", problems.size(), file.c_str());
+  for (const ConfigProblem& p : problems) std::fprintf(stderr, "kvpipe: error: %s\n", p.message.c_str());
+  return true;
+}
+
+// The rank count `validate` plans for when --ranks is not given: the launcher's, else the
+// cluster section's, else one.
+int default_rank_count(const JobConfig& job) {
+  if (const int n = world_size_from_env()) return n;
+  if (job.cluster.present) return job.cluster.ranks();
+  return 1;
+}
+
+std::string absolute_path(const std::string& path) {
+  std::error_code ignored;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, ignored);
+  return (absolute.empty() ? std::filesystem::path(path) : absolute).lexically_normal().string();
+}
+
 }  // namespace
 
 int run_cli(int argc, char** argv) {
@@ -83,9 +111,9 @@ int run_cli(int argc, char** argv) {
           max_position = 0;
   double rope_theta = 0, rms_eps = 0;
   bool tie = false;
-  auto* init_cmd = app.add_subcommand("init-model", "Write a random-weight model (HF config.json + model.safetensors)");
-  init_cmd->add_option("--out", init.out, "Output directory")->required();
-  init_cmd->add_option("--format", init.format, "hf (gguf: not yet)")->check(CLI::IsMember({"hf", "gguf"}));
+  auto* init_cmd = app.add_subcommand("init-model", "Write a random-weight model (HF layout or one GGUF file)");
+  init_cmd->add_option("--out", init.out, "Output directory (hf) or file (gguf)")->required();
+  init_cmd->add_option("--format", init.format, "hf (config.json + model.safetensors) or gguf (one file)")->check(CLI::IsMember({"hf", "gguf"}));
   init_cmd->add_option("--preset", preset, "Base shape: tiny or small")->check(CLI::IsMember({"tiny", "small"}));
   init_cmd->add_option("--architecture", architecture, "LlamaForCausalLM or Qwen2ForCausalLM")
       ->check(CLI::IsMember({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}));
@@ -116,6 +144,9 @@ int run_cli(int argc, char** argv) {
   auto* max_new_opt = gen_cmd->add_option("--max-new-tokens", max_new, "Tokens to generate per request");
   gen_cmd->add_option("--logprobs-out", gen.logprobs_out,
                       "Write each generated token's full-vocabulary log-probabilities (JSON lines)");
+  std::string log_level = "info";
+  const auto log_levels = CLI::IsMember({"error", "warn", "info", "debug"});
+  gen_cmd->add_option("--log-level", log_level, "error, warn, info (default) or debug")->check(log_levels);
 
   // validate
   std::string validate_config;
@@ -124,7 +155,18 @@ int run_cli(int argc, char** argv) {
   auto* val_cmd = app.add_subcommand("validate", "Check a job file and print the layer split and KV plan");
   val_cmd->add_option("--config", validate_config, "Job YAML file")->required();
   val_cmd->add_option("--set", validate_overrides, "Override a config key: key.path=value");
-  val_cmd->add_option("--ranks", validate_ranks, "Number of ranks to plan for")->check(CLI::PositiveNumber);
+  auto* ranks_opt = val_cmd->add_option("--ranks", validate_ranks,
+                                        "Ranks to plan for (default: the launcher's world size, else "
+                                        "cluster.nodes x cluster.gpus_per_node, else 1)")
+                        ->check(CLI::PositiveNumber);
+  val_cmd->add_option("--log-level", log_level, "error, warn, info (default) or debug")->check(log_levels);
+
+  // slurm
+  std::string slurm_config;
+  std::vector<std::string> slurm_overrides;
+  auto* slurm_cmd = app.add_subcommand("slurm", "Print an sbatch script that runs the job's cluster: section");
+  slurm_cmd->add_option("--config", slurm_config, "Job YAML file with a cluster: section")->required();
+  slurm_cmd->add_option("--set", slurm_overrides, "Override a config key (passed on to generate)");
 
   try {
     app.parse(argc, argv);
@@ -160,21 +202,46 @@ int run_cli(int argc, char** argv) {
                    static_cast<long long>(c.total_params()));
     }, nullptr);
   }
+  set_log_level(parse_log_level(log_level));
   if (val_cmd->parsed()) {
+    const int known_ranks = ranks_opt->count() > 0 ? validate_ranks : world_size_from_env();
+    if (report_problems(validate_job_config_file(validate_config, validate_overrides, known_ranks),
+                        validate_config))
+      return kExitBadInput;
     return guarded([&] {
       const JobConfig job = load_job_config(validate_config, validate_overrides);
-      print_plan(std::cout, plan_job(job, validate_ranks));
+      const int ranks = ranks_opt->count() > 0 ? validate_ranks : default_rank_count(job);
+      throw_if_problems(check_job_for_ranks(job, ranks));
+      const JobPlan plan = plan_job(job, ranks);
+      print_plan(std::cout, plan);
+      std::cout << "validate: " << validate_config << " is a valid job for " << ranks << " rank(s)\n";
+    }, nullptr);
+  }
+  if (slurm_cmd->parsed()) {
+    if (report_problems(validate_job_config_file(slurm_config, slurm_overrides), slurm_config))
+      return kExitBadInput;
+    return guarded([&] {
+      const JobConfig job = load_job_config(slurm_config, slurm_overrides);
+      if (job.cluster.present) throw_if_problems(check_job_for_ranks(job, job.cluster.ranks()));
+      SlurmScriptInputs inputs;
+      inputs.config_path = absolute_path(slurm_config);
+      inputs.overrides = slurm_overrides;
+      inputs.kvpipe_binary = current_executable();
+      std::cout << make_slurm_script(job, inputs);
     }, nullptr);
   }
   // generate: the only sub-command that joins the MPI job.
   std::unique_ptr<World> world;
   int code = guarded([&] { world = std::make_unique<World>(&argc, &argv); }, nullptr);
   if (code != kExitOk) return code;
-  return guarded([&] {
+  install_stop_handlers();
+  code = guarded([&] {
     if (!prompt_ids.empty()) gen.prompt_ids = parse_id_list(prompt_ids);
     if (max_new_opt->count() > 0) gen.max_new_tokens = max_new;
     generate(gen, *world);
   }, world.get());
+  // A job stopped by SIGINT/SIGTERM has printed what finished; it still did not complete.
+  return code == kExitOk && stop_requested() ? stop_exit_code() : code;
 }
 
 }  // namespace kvpipe

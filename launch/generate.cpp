@@ -6,18 +6,23 @@
 #include "engine/model_weights.h"
 #include "launch/job_config.h"
 #include "launch/job_plan.h"
+#include "launch/device_plan.h"
+#include "launch/log.h"
+#include "launch/signals.h"
 #include "engine/pipeline_executor.h"
 #include "parallel/communicator.h"
 #include "parallel/pipeline_channel.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <stdexcept>
 
 namespace kvpipe {
@@ -69,9 +74,19 @@ void run_coordinator(const GenerateOptions& o, const JobConfig& job, const JobPl
   eo.scheduler.max_batch = job.scheduler.max_batch;
   eo.scheduler.max_tokens_per_step = job.scheduler.max_tokens_per_step;
   eo.scheduler.max_context = plan.model.max_position;
+  eo.scheduler.prefix_reuse = job.cache.prefix_reuse;
+  eo.scheduler.window_sinks = job.cache.window_sinks;
+  eo.scheduler.window_recent = job.cache.window_recent;
+  eo.scheduler.full_sequences = plan.first_cached_layer > 0;
   eo.keep_logits = !o.logprobs_out.empty();
+  eo.should_stop = [] { return stop_requested(); };
   Engine engine(executor, plan.model, plan.partition.num_blocks, eo);
-  for (const Request& r : job_requests(job, o)) engine.add(r);
+  int64_t expected_tokens = 0;
+  for (const Request& r : job_requests(job, o)) {
+    engine.add(r);
+    expected_tokens += r.max_new_tokens;
+  }
+  ProgressBar progress(expected_tokens, true);
 
   std::ofstream logprobs;
   if (!o.logprobs_out.empty()) {
@@ -80,6 +95,7 @@ void run_coordinator(const GenerateOptions& o, const JobConfig& job, const JobPl
   }
   const auto t0 = Clock::now();
   engine.run([&](const TokenEvent& ev) {
+    progress.advance(1);
     if (!logprobs.is_open()) return;
     ordered_json line;
     line["id"] = ev.request_id;
@@ -89,9 +105,15 @@ void run_coordinator(const GenerateOptions& o, const JobConfig& job, const JobPl
     logprobs << line.dump() << "\n";
   });
   const double wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  progress.finish();
+  if (stop_requested()) {
+    log_printf(LogLevel::kWarn, "stopped by signal %d: printing the requests finished so far",
+               stop_signal());
+  }
 
   int64_t generated = 0, prompt_tokens = 0;
   for (const RequestResult& r : engine.results()) {
+    if (r.finish_reason.empty()) continue;  // unfinished: the job was stopped
     ordered_json line;
     line["id"] = r.id;
     line["prompt_ids"] = r.prompt_ids;
@@ -113,15 +135,26 @@ void run_coordinator(const GenerateOptions& o, const JobConfig& job, const JobPl
   const bool separate_embedding =
       w.embedding.defined() && !(w.lm_head.defined() && w.lm_head.data_ptr() == w.embedding.data_ptr());
   const int64_t decode_bytes = w.bytes() - (separate_embedding ? w.embedding.nbytes() : 0);
-  std::fprintf(stderr,
+  log_printf(LogLevel::kInfo,
                "timing: %zu requests, %lld prompt tokens, %lld generated tokens in %.3f s "
                "(%.1f tokens/s generated), %lld micro-batch steps, step latency mean %.2f ms "
-               "median %.2f ms, %lld preemptions, %lld weight bytes read per decode step on rank 0\n",
+               "median %.2f ms, %lld preemptions, %lld weight bytes read per decode step on rank 0",
                engine.results().size(), static_cast<long long>(prompt_tokens),
                static_cast<long long>(generated), wall_s, generated / std::max(wall_s, 1e-9),
                static_cast<long long>(st.steps), st.step_ms_total / std::max<int64_t>(st.steps, 1),
                median_step, static_cast<long long>(engine.scheduler().stats().preemptions),
                static_cast<long long>(decode_bytes));
+  const SchedulerStats& ss = engine.scheduler().stats();
+  const BlockManager& bm = engine.scheduler().blocks();
+  log_printf(LogLevel::kInfo,
+             "cache: prefix hits %lld of %lld prompt tokens looked up (%.1f%%), %lld evictions, "
+             "%lld tokens computed, %lld preemptions, %lld tokens recomputed, peak %lld of %lld "
+             "blocks used, %lld cached blocks at the end",
+             static_cast<long long>(bm.stats().hit_tokens), static_cast<long long>(bm.stats().lookup_tokens),
+             100.0 * bm.stats().hit_rate(), static_cast<long long>(bm.stats().evictions),
+             static_cast<long long>(ss.computed_tokens), static_cast<long long>(ss.preemptions),
+             static_cast<long long>(ss.recomputed_tokens), static_cast<long long>(ss.peak_blocks_used),
+             static_cast<long long>(bm.num_blocks()), static_cast<long long>(bm.num_cached()));
 }
 
 }  // namespace
@@ -130,6 +163,30 @@ void generate(const GenerateOptions& o, World& world) {
   if (o.max_new_tokens && *o.max_new_tokens < 1)
     throw std::invalid_argument("--max-new-tokens: must be at least 1");
   const JobConfig job = load_job_config(o.config, o.overrides);
+  set_log_rank(world.rank(), world.size());
+  // The engine computes on the CPU in this build; the GPU choice is still checked so that a
+  // job file that would put two ranks on one GPU fails the same way everywhere.
+  const int local_ranks = local_rank_count_from_env();
+  const std::string device = choose_device(world.local_rank(), local_ranks,
+                                           at::detail::getCUDAHooks().getNumGPUs(),
+                                           job.runtime.share_gpu);
+  log_printf(LogLevel::kDebug, "device %s (local rank %d of %d)", device.c_str(),
+             world.local_rank(), local_ranks);
+  if (job.runtime.pin_threads) {
+    // Before the compute pool starts: its threads inherit this thread's affinity.
+    const std::vector<int> cores =
+        cores_for_rank(allowed_cpus(), world.local_rank(), local_ranks, job.runtime.threads);
+    if (cores.empty() || !pin_to_cores(cores)) {
+      log_printf(LogLevel::kWarn,
+                 "runtime.pin_threads: %d rank(s) x %d thread(s) do not fit in the %zu allowed "
+                 "CPU(s); threads are not pinned",
+                 local_ranks, job.runtime.threads, allowed_cpus().size());
+    } else {
+      std::string list;
+      for (const int cpu : cores) list += (list.empty() ? "" : ",") + std::to_string(cpu);
+      log_printf(LogLevel::kDebug, "compute threads pinned to CPU(s) %s", list.c_str());
+    }
+  }
   at::set_num_threads(job.runtime.threads);
 
   const JobPlan plan = plan_job(job, world.size());
@@ -140,14 +197,19 @@ void generate(const GenerateOptions& o, World& world) {
   std::unique_ptr<Communicator> comm;
   if (world.size() > 1) comm = make_communicator(job.parallel.backend, world);
   else if (job.parallel.backend == "nccl") make_nccl_communicator(world);
-  if (world.is_coordinator()) print_plan(std::cerr, plan);
+  if (world.is_coordinator() && log_enabled(LogLevel::kInfo)) {
+    std::ostringstream lines;
+    print_plan(lines, plan);
+    std::istringstream in(lines.str());
+    for (std::string line; std::getline(in, line);) log_line(LogLevel::kInfo, line);
+  }
   const StagePlan& stage = plan.partition.stages[world.rank()];
 
   WeightSelection sel;
   sel.layers = {stage.first_layer, stage.first_layer + stage.num_layers};
   sel.embedding = world.rank() == 0;
   sel.head = world.rank() == world.size() - 1;
-  const ModelShard shard(load_weights(job.model.path, plan.model, sel, plan.dtype));
+  const ModelShard shard(load_weights(job.model.path, plan.model, sel, plan.dtype), plan.first_cached_layer);
   BlockPool pool(shard.kv_shape(plan.block_size), plan.partition.num_blocks, plan.dtype, at::kCPU);
 
   if (world.size() == 1) {
@@ -172,7 +234,7 @@ void generate(const GenerateOptions& o, World& world) {
   for (size_t r = 0; r < times.size(); ++r) {
     const RankTimes& t = times[r];
     const double total = std::max(t.total_s, 1e-9);
-    std::fprintf(stderr, "rank %zu: busy %.1f%%, wait %.1f%%, comm %.1f%% of %.3f s (%s)\n", r,
+    log_printf(LogLevel::kInfo, "rank %zu: busy %.1f%%, wait %.1f%%, comm %.1f%% of %.3f s (%s)", r,
                  100.0 * t.compute_s / total, 100.0 * t.wait_s / total, 100.0 * t.comm_s / total, t.total_s,
                  comm->name().c_str());
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,8 @@ namespace {
 
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 constexpr int64_t kMaxBlockSize = 1024;
+constexpr int64_t kMaxNodes = 100000;
+constexpr int64_t kMaxRanksPerNode = 1024;
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
 std::string quoted(const std::string& text) {
@@ -248,26 +251,69 @@ class Validator {
   Validator(std::string source, std::vector<OverrideOrigin> origins)
       : source_(std::move(source)), origins_(std::move(origins)) {}
 
+  // Reads every section, collecting problems (problems()) instead of stopping at the first
+  // one; what could not be read keeps its default.
   JobConfig read(const YAML::Node& root) {
     JobConfig c;
     c.source = source_;
-    read_mapping(root, "",
-                 {{"model", section(model_fields(c.model))},
-                  {"runtime", section(runtime_fields(c.runtime))},
-                  {"parallel", section(parallel_fields(c.parallel))},
-                  {"cache", section(cache_fields(c.cache))},
-                  {"scheduler", section(scheduler_fields(c.scheduler))},
-                  {"sampling", section(sampling_fields(c.sampling))},
-                  {"requests", request_list(&c.requests)}});
-    if (c.model.path.empty()) {
-      fail_without_node("model.path",
-                        "required key missing (an HF model directory, a .gguf file or "
-                        "dummy:<preset>)");
+    guard([&] {
+      read_mapping(root, "",
+                   {{"model", section(model_fields(c.model))},
+                    {"runtime", section(runtime_fields(c.runtime))},
+                    {"parallel", section(parallel_fields(c.parallel))},
+                    {"cache", section(cache_fields(c.cache))},
+                    {"scheduler", section(scheduler_fields(c.scheduler))},
+                    {"sampling", section(sampling_fields(c.sampling))},
+                    {"requests", request_list(&c.requests)},
+                    {"workload", section(workload_fields(c.workload))},
+                    {"cluster", cluster_section(&c.cluster)}});
+    });
+    if (c.model.path.empty() && !failed_paths_.count("model.path")) {
+      guard([&] {
+        fail_without_node("model.path",
+                          "required key missing (an HF model directory, a .gguf file or "
+                          "dummy:<preset>)");
+      });
     }
+    check_combinations(c);
+    for (const auto& entry : key_marks_) c.where[entry.first] = location(YAML::Node(), entry.first).where;
     return c;
   }
 
+  const std::vector<ConfigProblem>& problems() const { return problems_; }
+
  private:
+  // Thrown after a problem is recorded, to abandon the value being read; the enclosing
+  // mapping or list catches it and goes on with the next key or element.
+  struct Abandon {};
+
+  // Where a problem lies: the text messages start with, and the 1-based position.
+  struct Position {
+    std::string where;
+    int line = 0;
+    int column = 0;
+  };
+
+  template <typename F>
+  void guard(F&& body) {
+    try {
+      body();
+    } catch (const Abandon&) {
+    }
+  }
+
+  // Combinations that are each valid alone but not together.
+  void check_combinations(const JobConfig& c) {
+    if (c.cache.window_sinks > 0 && c.cache.window_recent == 0 &&
+        !failed_paths_.count("cache.window.recent")) {
+      guard([&] {
+        fail_at_key("cache.window.sinks",
+                    std::to_string(c.cache.window_sinks) +
+                        " sink tokens need a window: set cache.window.recent > 0 (recent 0 "
+                        "means no window)");
+      });
+    }
+  }
   using Reader = std::function<void(const YAML::Node& value, const std::string& path)>;
   struct Field {
     std::string key;
@@ -283,7 +329,9 @@ class Validator {
 
   std::vector<Field> runtime_fields(RuntimeSection& r) {
     return {{"threads", integer(&r.threads, 1, kIntMax)},
-            {"memory", size_or_auto(&r.memory_bytes)}};
+            {"memory", runtime_memory(&r)},
+            {"share_gpu", boolean(&r.share_gpu)},
+            {"pin_threads", boolean(&r.pin_threads)}};
   }
 
   std::vector<Field> parallel_fields(ParallelSection& p) {
@@ -314,6 +362,32 @@ class Validator {
             {"ignore_eos", boolean(&s.ignore_eos)}};
   }
 
+  std::vector<Field> workload_fields(WorkloadSection& w) {
+    return {{"requests", integer(&w.requests, 1, kIntMax)},
+            {"prompt_len", length_range(&w.prompt_len)},
+            {"output_len", length_range(&w.output_len)},
+            {"shared_prefix", real(&w.shared_prefix, 0.0, false, 1.0, true)},
+            {"concurrency", integer(&w.concurrency, 1, kIntMax)},
+            {"rate", real(&w.rate, 0.0, false, kInfinity, false)},
+            {"warmup", integer(&w.warmup, 0, kIntMax)},
+            {"seed", unsigned_integer(&w.seed)}};
+  }
+
+  std::vector<Field> cluster_fields(ClusterSection& c) {
+    return {{"nodes", integer(&c.nodes, 1, kMaxNodes)},
+            {"gpus_per_node", integer(&c.gpus_per_node, 1, kMaxRanksPerNode)},
+            {"gpus", boolean(&c.gpus)},
+            {"partition", word(&c.partition)},
+            {"account", word(&c.account)},
+            {"time", slurm_time(&c.time)},
+            {"job_name", word(&c.job_name)},
+            {"output", word(&c.output)},
+            {"env", environment(&c.env)},
+            {"modules", module_list(&c.modules)},
+            {"launcher", choice(&c.launcher, {"srun", "mpirun"})},
+            {"kvpipe", word(&c.kvpipe)}};
+  }
+
   std::vector<Field> request_fields(RequestSpec& r) {
     return {{"prompt_ids", token_list(&r.prompt_ids)},
             {"max_new_tokens", integer(&r.max_new_tokens, 1, kIntMax)},
@@ -330,25 +404,28 @@ class Validator {
     for (const Field& field : fields) known.push_back(field.key);
     std::set<std::string> seen;
     for (const auto& entry : node) {
-      const YAML::Node& key_node = entry.first;
-      if (!key_node.IsScalar())
-        fail(key_node, path, "expected key names, got " + describe(key_node));
-      const std::string key = key_node.Scalar();
-      const std::string key_path = join_path(path, key);
-      key_marks_[key_path] = key_node.Mark();
-      const auto field =
-          std::find_if(fields.begin(), fields.end(), [&](const Field& f) { return f.key == key; });
-      if (field == fields.end()) {
-        const std::string suggestion = closest(key, known);
-        const std::string hint = suggestion.empty()
-                                     ? " (expected one of: " + join(known, ", ") + ")"
-                                     : " (did you mean '" + join_path(path, suggestion) + "'?)";
-        raise(key_node, key_path,
-              "unknown " + std::string(path.empty() ? "section" : "key") + " '" + key_path + "'" +
-                  hint);
-      }
-      if (!seen.insert(key).second) raise(key_node, key_path, "duplicate key '" + key_path + "'");
-      field->read(entry.second, key_path);
+      guard([&] {
+        const YAML::Node& key_node = entry.first;
+        if (!key_node.IsScalar())
+          fail(key_node, path, "expected key names, got " + describe(key_node));
+        const std::string key = key_node.Scalar();
+        const std::string key_path = join_path(path, key);
+        if (!key_marks_.count(key_path)) key_marks_[key_path] = key_node.Mark();
+        const auto field = std::find_if(fields.begin(), fields.end(),
+                                        [&](const Field& f) { return f.key == key; });
+        if (field == fields.end()) {
+          const std::string suggestion = closest(key, known);
+          const std::string hint = suggestion.empty()
+                                       ? " (expected one of: " + join(known, ", ") + ")"
+                                       : " (did you mean '" + join_path(path, suggestion) + "'?)";
+          raise(key_node, key_path,
+                "unknown " + std::string(path.empty() ? "section" : "key") + " '" + key_path +
+                    "'" + hint);
+        }
+        if (!seen.insert(key).second)
+          raise(key_node, key_path, "duplicate key '" + key_path + "'");
+        field->read(entry.second, key_path);
+      });
     }
   }
 
@@ -359,7 +436,9 @@ class Validator {
     if (!node.IsSequence() || node.size() == 0) {
       fail(node, path, "expected " + expected + ", got " + describe(node));
     }
-    for (size_t i = 0; i < node.size(); ++i) read(node[i], path + "[" + std::to_string(i) + "]");
+    for (size_t i = 0; i < node.size(); ++i) {
+      guard([&] { read(node[i], path + "[" + std::to_string(i) + "]"); });
+    }
   }
 
   // ---- Readers that store a value into a member of the config. A `keyword` such as "auto"
@@ -437,10 +516,119 @@ class Validator {
     };
   }
 
-  Reader size_or_auto(std::optional<int64_t>* out) {
+  // auto, a size, or a share (`90%`) of the device's memory.
+  Reader runtime_memory(RuntimeSection* out) {
     return [this, out](const YAML::Node& n, const std::string& p) {
-      out->reset();
-      if (!is_keyword(n, "auto")) *out = read_size(n, p, "auto or ");
+      out->memory_bytes.reset();
+      out->memory_share.reset();
+      if (is_keyword(n, "auto")) return;
+      const std::string text = n.IsScalar() ? trim(n.Scalar()) : "";
+      if (!text.empty() && text.back() == '%') {
+        out->memory_share = read_share(n, p);
+        return;
+      }
+      out->memory_bytes = read_size(n, p, "auto, a share like 90% or ");
+    };
+  }
+
+  // A string without blanks, quotes or shell characters: it goes into a batch script.
+  Reader word(std::string* out) {
+    return [this, out](const YAML::Node& n, const std::string& p) {
+      if (!n.IsScalar()) fail(n, p, "expected a string, got " + describe(n));
+      const std::string& text = n.Scalar();
+      if (text.empty()) fail(n, p, "must not be empty");
+      for (const char ch : text) {
+        if (std::isspace(static_cast<unsigned char>(ch)) || std::strchr("\"'`$\\;&|<>()", ch)) {
+          fail(n, p, "must not contain blanks, quotes or shell characters, got " + describe(n));
+        }
+      }
+      *out = text;
+    };
+  }
+
+  Reader slurm_time(std::string* out) {
+    return [this, out](const YAML::Node& n, const std::string& p) {
+      const std::string text = n.IsScalar() ? trim(n.Scalar()) : "";
+      if (!n.IsScalar() || !is_valid_slurm_time(text)) {
+        fail(n, p, "expected a time limit HH:MM:SS or D-HH:MM:SS, got " + describe(n));
+      }
+      *out = text;
+    };
+  }
+
+  // A mapping of variable names to values, exported in the batch script.
+  Reader environment(std::map<std::string, std::string>* out) {
+    return [this, out](const YAML::Node& n, const std::string& p) {
+      out->clear();
+      if (n.IsNull()) return;
+      if (!n.IsMap()) fail(n, p, "expected a mapping of variable names to values, got " + describe(n));
+      for (const auto& entry : n) {
+        guard([&] {
+          const std::string name = entry.first.IsScalar() ? entry.first.Scalar() : "";
+          const std::string key_path = join_path(p, name);
+          if (!key_marks_.count(key_path)) key_marks_[key_path] = entry.first.Mark();
+          const bool identifier =
+              !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0])) &&
+              std::all_of(name.begin(), name.end(), [](char ch) {
+                return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_';
+              });
+          if (!identifier) {
+            fail(entry.first, p,
+                 "expected an environment variable name, got " + describe(entry.first));
+          }
+          if (!entry.second.IsScalar()) {
+            fail(entry.second, key_path, "expected a string value, got " + describe(entry.second));
+          }
+          if (entry.second.Scalar().find('\n') != std::string::npos) {
+            fail(entry.second, key_path, "must be one line");
+          }
+          (*out)[name] = entry.second.Scalar();
+        });
+      }
+    };
+  }
+
+  Reader module_list(std::vector<std::string>* out) {
+    return [this, out](const YAML::Node& n, const std::string& p) {
+      out->clear();
+      if (n.IsNull() || (n.IsSequence() && n.size() == 0)) return;
+      for_each_element(n, p, "a list of module names", [&](const YAML::Node& e, const std::string& ep) {
+        std::string name;
+        word(&name)(e, ep);
+        out->push_back(name);
+      });
+    };
+  }
+
+  Reader cluster_section(ClusterSection* out) {
+    return [this, out](const YAML::Node& n, const std::string& p) {
+      out->present = true;
+      read_mapping(n, p, cluster_fields(*out));
+    };
+  }
+
+  // A token count: an integer >= 1, or a range [lo, hi] with 1 <= lo <= hi.
+  Reader length_range(LengthRange* out) {
+    return [this, out](const YAML::Node& n, const std::string& p) {
+      if (n.IsSequence()) {
+        if (n.size() != 2) {
+          fail(n, p, "expected a positive integer or a range [lo, hi], got a list of " +
+                         std::to_string(n.size()));
+        }
+        const int64_t lo = read_int(n[0], p + "[0]", 1, kIntMax);
+        const int64_t hi = read_int(n[1], p + "[1]", 1, kIntMax);
+        if (lo > hi) {
+          fail(n, p, "range [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                         "] has lo > hi");
+        }
+        *out = {static_cast<int>(lo), static_cast<int>(hi)};
+        return;
+      }
+      if (!is_plain_scalar(n)) {
+        fail(n, p, "expected a positive integer or a range [lo, hi], got " + describe(n));
+      }
+      const int value = static_cast<int>(read_int(n, p, 1, kIntMax));
+      *out = {value, value};
     };
   }
 
@@ -477,7 +665,7 @@ class Validator {
       for_each_element(n, p, "a list of requests", [&](const YAML::Node& e, const std::string& ep) {
         RequestSpec request;
         read_mapping(e, ep, request_fields(request));
-        if (request.prompt_ids.empty()) fail(e, ep, "required key 'prompt_ids' missing");
+        if (!e["prompt_ids"]) fail(e, ep, "required key 'prompt_ids' missing");
         out->push_back(std::move(request));
       });
     };
@@ -514,6 +702,17 @@ class Validator {
     return bytes;
   }
 
+  // "90%" -> 0.9, in (0, 1].
+  double read_share(const YAML::Node& node, const std::string& path) {
+    const std::string text = trim(node.Scalar());
+    double percent = 0.0;
+    if (!parse_finite_double(trim(text.substr(0, text.size() - 1)), &percent) || percent <= 0.0 ||
+        percent > 100.0) {
+      fail(node, path, "expected a share in (0%, 100%], got " + describe(node));
+    }
+    return percent / 100.0;
+  }
+
   MemorySpec read_memory(const YAML::Node& node, const std::string& path) {
     MemorySpec spec;
     if (node.IsSequence()) {
@@ -526,13 +725,8 @@ class Validator {
     }
     const std::string text = node.IsScalar() ? trim(node.Scalar()) : "";
     if (!text.empty() && text.back() == '%') {
-      double percent = 0.0;
-      if (!parse_finite_double(trim(text.substr(0, text.size() - 1)), &percent) || percent <= 0.0 ||
-          percent > 100.0) {
-        fail(node, path, "expected a share in (0%, 100%], got " + describe(node));
-      }
       spec.kind = MemorySpec::Kind::kShare;
-      spec.share = percent / 100.0;
+      spec.share = read_share(node, path);
       return spec;
     }
     spec.kind = MemorySpec::Kind::kBytes;
@@ -567,61 +761,117 @@ class Validator {
 
   // ---- Messages.
 
-  // "--set KEY" for anything an override wrote, else "file:line", else the file alone.
-  std::string location(const YAML::Node& node, const std::string& path) const {
+  // "--set KEY" for anything an override wrote, else "file:line:column", else the file alone.
+  Position location(const YAML::Node& node, const std::string& path) const {
     const OverrideOrigin* origin = nullptr;
     for (const OverrideOrigin& o : origins_) {
       if (path_within(path, o.path) && (!origin || o.path.size() > origin->path.size()))
         origin = &o;
     }
-    if (origin) return "--set " + origin->key;
-    // A null value is marked where the next token starts; its key's line is the useful one.
+    if (origin) return {"--set " + origin->key};
+    // A null value is marked where the next token starts; its key's position is the useful one.
     YAML::Mark mark = node.IsDefined() && !node.IsNull() ? node.Mark() : YAML::Mark::null_mark();
     const auto key_mark = key_marks_.find(path);
     if (mark.is_null() && key_mark != key_marks_.end()) mark = key_mark->second;
-    if (!mark.is_null()) return source_ + ":" + std::to_string(mark.line + 1);
+    if (!mark.is_null()) return at_mark(mark);
     // Mappings an override created on the way to its key have no mark.
     for (const OverrideOrigin& o : origins_) {
-      if (path_within(o.path, path)) return "--set " + o.key;
+      if (path_within(o.path, path)) return {"--set " + o.key};
     }
-    return source_;
+    return {source_};
   }
 
+  Position at_mark(const YAML::Mark& mark) const {
+    return {source_ + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1),
+            mark.line + 1, mark.column + 1};
+  }
+
+  void record(const Position& at, const std::string& path, const std::string& message) {
+    problems_.push_back({at.where, path, at.where + ": " + message, at.line, at.column});
+    failed_paths_.insert(path);
+  }
+
+  // For messages that name the key themselves (unknown or duplicate keys).
   [[noreturn]] void raise(const YAML::Node& node, const std::string& path,
-                          const std::string& message) const {
-    throw std::invalid_argument(location(node, path) + ": " + message);
+                          const std::string& message) {
+    record(location(node, path), path, message);
+    throw Abandon{};
   }
 
   // "LOCATION: PATH: detail", without repeating the path when the location is `--set PATH`.
   [[noreturn]] void fail(const YAML::Node& node, const std::string& path,
-                         const std::string& detail) const {
-    const std::string where = location(node, path);
+                         const std::string& detail) {
+    const Position at = location(node, path);
     const std::string subject = path.empty() ? "top level" : path;
-    if (where == "--set " + path) throw std::invalid_argument(where + ": " + detail);
-    throw std::invalid_argument(where + ": " + subject + ": " + detail);
+    record(at, path, at.where == "--set " + path ? detail : subject + ": " + detail);
+    throw Abandon{};
+  }
+
+  // A problem of a key that was read fine alone, pointed at by its key.
+  [[noreturn]] void fail_at_key(const std::string& path, const std::string& detail) {
+    fail(YAML::Node(), path, detail);
   }
 
   // For a key that is absent: blame the override that wrote its section, else point at the
   // section in the file, else at the file.
-  [[noreturn]] void fail_without_node(const std::string& path, const std::string& detail) const {
+  [[noreturn]] void fail_without_node(const std::string& path, const std::string& detail) {
     const std::string section = path.substr(0, path.find('.'));
-    std::string where = source_;
+    Position at{source_};
     const auto mark = key_marks_.find(section);
-    if (mark != key_marks_.end() && !mark->second.is_null()) {
-      where += ":" + std::to_string(mark->second.line + 1);
-    }
+    if (mark != key_marks_.end() && !mark->second.is_null()) at = at_mark(mark->second);
     for (const OverrideOrigin& o : origins_) {
-      if (path_within(section, o.path)) where = "--set " + o.key;
+      if (path_within(section, o.path)) at = {"--set " + o.key};
     }
-    throw std::invalid_argument(where + ": " + path + ": " + detail);
+    record(at, path, path + ": " + detail);
+    throw Abandon{};
   }
 
   std::string source_;
   std::vector<OverrideOrigin> origins_;
   std::map<std::string, YAML::Mark> key_marks_;
+  std::vector<ConfigProblem> problems_;
+  std::set<std::string> failed_paths_;
 };
 
 }  // namespace
+
+JobConfigError::JobConfigError(std::vector<ConfigProblem> problems)
+    : std::invalid_argument(problems.empty() ? "invalid job config" : problems.front().message),
+      problems_(std::move(problems)) {}
+
+void throw_if_problems(const std::vector<ConfigProblem>& problems) {
+  if (!problems.empty()) throw JobConfigError(problems);
+}
+
+bool is_valid_slurm_time(const std::string& text) {
+  // Each field is one or two digits, except a leading day count or a lone hour count.
+  auto field = [](const std::string& f, int max) {
+    if (f.empty() || f.size() > 2 ||
+        !std::all_of(f.begin(), f.end(), [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)); }))
+      return false;
+    return std::stoi(f) <= max;
+  };
+  std::string rest = text;
+  bool has_days = false;
+  const size_t dash = text.find('-');
+  if (dash != std::string::npos) {
+    const std::string days = text.substr(0, dash);
+    if (days.empty() || days.size() > 4 ||
+        !std::all_of(days.begin(), days.end(), [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)); }))
+      return false;
+    rest = text.substr(dash + 1);
+    has_days = true;
+  }
+  std::vector<std::string> parts;
+  std::stringstream stream(rest);
+  for (std::string part; std::getline(stream, part, ':');) parts.push_back(part);
+  if (parts.size() != 3 || rest.back() == ':') return false;
+  if (!field(parts[1], 59) || !field(parts[2], 59)) return false;
+  if (has_days) return field(parts[0], 23);
+  const std::string& hours = parts[0];
+  return !hours.empty() && hours.size() <= 5 &&
+         std::all_of(hours.begin(), hours.end(), [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)); });
+}
 
 int64_t parse_size(const std::string& text, const std::string& what) {
   int64_t bytes = 0;
@@ -630,39 +880,161 @@ int64_t parse_size(const std::string& text, const std::string& what) {
   return bytes;
 }
 
-JobConfig parse_job_config(const std::string& yaml_text, const std::string& source,
-                           const std::vector<std::string>& overrides) {
+namespace {
+
+// A problem with no key path: the file as a whole, or one override.
+ConfigProblem whole_file_problem(const std::string& where, int line, int column,
+                                 const std::string& message) {
+  return {where, "", where + ": " + message, line, column};
+}
+
+}  // namespace
+
+namespace {
+
+// Problems in file order; those of --set overrides (no position) after them.
+void sort_problems(std::vector<ConfigProblem>* problems) {
+  std::stable_sort(problems->begin(), problems->end(), [](const ConfigProblem& a, const ConfigProblem& b) {
+    const auto key = [](const ConfigProblem& p) {
+      return std::make_pair(p.line == 0 ? std::numeric_limits<int>::max() : p.line, p.column);
+    };
+    return key(a) < key(b);
+  });
+}
+
+// Parses and validates; fills `out` as far as it could be read and returns every problem.
+// Problems that stop reading altogether (YAML syntax, a bad override) are thrown.
+std::vector<ConfigProblem> parse_collect(const std::string& yaml_text, const std::string& source,
+                                         const std::vector<std::string>& overrides, JobConfig* out) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& e) {
-    const std::string line = e.mark.is_null() ? "" : ":" + std::to_string(e.mark.line + 1);
-    throw std::invalid_argument(source + line + ": malformed YAML: " + e.msg);
+    if (e.mark.is_null()) throw JobConfigError({whole_file_problem(source, 0, 0, "malformed YAML: " + e.msg)});
+    const std::string where =
+        source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1);
+    throw JobConfigError(
+        {whole_file_problem(where, e.mark.line + 1, e.mark.column + 1, "malformed YAML: " + e.msg)});
   }
   if (root.IsNull()) root.reset(YAML::Node(YAML::NodeType::Map));  // empty file: all --set
   if (!root.IsMap()) {
-    const std::string line =
-        root.Mark().is_null() ? "" : ":" + std::to_string(root.Mark().line + 1);
-    throw std::invalid_argument(
-        source + line +
-        ": expected a mapping of sections (model, runtime, parallel, cache, "
-        "scheduler, sampling, requests) at the top level");
+    const YAML::Mark mark = root.Mark();
+    const std::string where =
+        mark.is_null() ? source
+                       : source + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+    throw JobConfigError({whole_file_problem(
+        where, mark.is_null() ? 0 : mark.line + 1, mark.is_null() ? 0 : mark.column + 1,
+        "expected a mapping of sections (model, runtime, parallel, cache, scheduler, sampling, "
+        "requests, workload, cluster) at the top level")});
   }
   std::vector<OverrideOrigin> origins;
-  for (const std::string& override_text : overrides) apply_override(root, override_text, &origins);
-  return Validator(source, std::move(origins)).read(root);
+  for (const std::string& override_text : overrides) {
+    try {
+      apply_override(root, override_text, &origins);
+    } catch (const std::invalid_argument& e) {
+      // The message already starts with `--set KEY`.
+      throw JobConfigError({ConfigProblem{"--set", "", e.what(), 0, 0}});
+    }
+  }
+  Validator validator(source, std::move(origins));
+  *out = validator.read(root);
+  std::vector<ConfigProblem> problems = validator.problems();
+  sort_problems(&problems);
+  return problems;
 }
 
-JobConfig load_job_config(const std::string& path, const std::vector<std::string>& overrides) {
+// Reads the file into `text`; a JobConfigError when it cannot.
+std::string read_config_file(const std::string& path) {
   std::error_code ignored;
   std::ifstream in(path);
   if (!in || std::filesystem::is_directory(path, ignored)) {
-    throw std::invalid_argument(path + ": cannot open config file");
+    throw JobConfigError({whole_file_problem(path, 0, 0, "cannot open config file")});
   }
   std::ostringstream text;
   text << in.rdbuf();
-  if (in.bad()) throw std::invalid_argument(path + ": cannot read config file");
-  return parse_job_config(text.str(), path, overrides);
+  if (in.bad()) throw JobConfigError({whole_file_problem(path, 0, 0, "cannot read config file")});
+  return text.str();
+}
+
+// Adds the rank checks to problems already found: for `ranks` > 0, else for the cluster
+// section's rank count when there is one.
+std::vector<ConfigProblem> with_rank_checks(std::vector<ConfigProblem> problems, const JobConfig& job,
+                                            int ranks) {
+  if (ranks <= 0 && job.cluster.present) ranks = job.cluster.ranks();
+  if (ranks > 0) {
+    for (ConfigProblem& p : check_job_for_ranks(job, ranks)) problems.push_back(std::move(p));
+    sort_problems(&problems);
+  }
+  return problems;
+}
+
+}  // namespace
+
+JobConfig parse_job_config(const std::string& yaml_text, const std::string& source,
+                           const std::vector<std::string>& overrides) {
+  JobConfig job;
+  throw_if_problems(parse_collect(yaml_text, source, overrides, &job));
+  return job;
+}
+
+
+JobConfig load_job_config(const std::string& path, const std::vector<std::string>& overrides) {
+  return parse_job_config(read_config_file(path), path, overrides);
+}
+
+std::vector<ConfigProblem> validate_job_config_text(const std::string& yaml_text,
+                                                    const std::string& source,
+                                                    const std::vector<std::string>& overrides,
+                                                    int ranks) {
+  try {
+    JobConfig job;
+    std::vector<ConfigProblem> problems = parse_collect(yaml_text, source, overrides, &job);
+    return with_rank_checks(std::move(problems), job, ranks);
+  } catch (const JobConfigError& e) {
+    return e.problems();
+  }
+}
+
+std::vector<ConfigProblem> validate_job_config_file(const std::string& path,
+                                                    const std::vector<std::string>& overrides,
+                                                    int ranks) {
+  try {
+    return validate_job_config_text(read_config_file(path), path, overrides, ranks);
+  } catch (const JobConfigError& e) {
+    return e.problems();
+  }
+}
+
+std::vector<ConfigProblem> check_job_for_ranks(const JobConfig& job, int ranks) {
+  std::vector<ConfigProblem> problems;
+  auto add = [&](const std::string& path, const std::string& detail) {
+    const auto it = job.where.find(path);
+    const std::string where = it == job.where.end() ? job.source : it->second;
+    int line = 0, column = 0;
+    // "file:LINE:COLUMN" -> the numbers, for callers that want them apart.
+    const size_t last = where.rfind(':');
+    const size_t middle = last == std::string::npos || last == 0 ? std::string::npos : where.rfind(':', last - 1);
+    if (where.rfind("--set ", 0) != 0 && middle != std::string::npos) {
+      int64_t l = 0, c = 0;
+      if (parse_int64(where.substr(middle + 1, last - middle - 1), &l) && parse_int64(where.substr(last + 1), &c)) {
+        line = static_cast<int>(l);
+        column = static_cast<int>(c);
+      }
+    }
+    const std::string message = where == "--set " + path ? where + ": " + detail : where + ": " + path + ": " + detail;
+    problems.push_back({where, path, message, line, column});
+  };
+  const std::string rank_text = std::to_string(ranks) + " rank" + (ranks == 1 ? "" : "s");
+  const MemorySpec& memory = job.cache.memory;
+  if (memory.kind == MemorySpec::Kind::kPerRank && static_cast<int>(memory.per_rank.size()) != ranks) {
+    add("cache.memory", "lists " + std::to_string(memory.per_rank.size()) + " sizes for " + rank_text +
+                            " (one size per rank, or a single size for all)");
+  }
+  if (!job.parallel.layers.empty() && static_cast<int>(job.parallel.layers.size()) != ranks) {
+    add("parallel.layers", "pins " + std::to_string(job.parallel.layers.size()) + " stages for " +
+                               rank_text + " (one entry per rank, or auto)");
+  }
+  return problems;
 }
 
 }  // namespace kvpipe

@@ -1,13 +1,18 @@
 // JobConfig: the YAML job file of `kvpipe generate|validate|bench`, parsed and validated.
 //
-// Owns the schema of ARCHITECTURE.md section 4. Every problem found in a file or a --set
-// override is reported as std::invalid_argument whose one-line message names the file, the
-// key path (e.g. `cache.block_size`) and, for a file, its line. Nothing here touches a model
-// or a rank: sizes that depend on the device (`auto`, percentages) stay symbolic.
+// Owns the schema of ARCHITECTURE.md section 4 plus the `workload:` and `cluster:` sections
+// (docs/config.md documents every key). Validation does not stop at the first problem: every
+// problem found in a file or a --set override is collected, each naming the key path (e.g.
+// `cache.block_size`) and, for a file, its line and column. They are thrown together as a
+// JobConfigError, a std::invalid_argument whose what() is the first problem on one line.
+// Nothing here touches a model or a device: sizes that depend on the device (`auto`,
+// percentages) stay symbolic; checks that need the rank count run in check_job_for_ranks.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -30,7 +35,10 @@ struct ModelSection {
 
 struct RuntimeSection {
   int threads = 1;
-  std::optional<int64_t> memory_bytes;  // nullopt = auto (the device's memory)
+  std::optional<int64_t> memory_bytes;  // nullopt = auto (the device's memory) or a share
+  std::optional<double> memory_share;   // `90%`: that share of the device's memory
+  bool share_gpu = false;               // two ranks on one GPU is intended
+  bool pin_threads = false;             // pin each rank's threads to its own cores
 };
 
 struct ParallelSection {
@@ -67,6 +75,63 @@ struct RequestSpec {
   int arrival_step = 0;             // engine step at which the request arrives
 };
 
+// A token count drawn per request: lo == hi for a fixed count.
+struct LengthRange {
+  int lo = 128;
+  int hi = 128;
+};
+
+// The synthetic load of `kvpipe bench`.
+struct WorkloadSection {
+  int requests = 64;
+  LengthRange prompt_len;
+  LengthRange output_len;
+  double shared_prefix = 0.0;       // share of each prompt common to all requests, [0, 1)
+  int concurrency = 8;              // requests in flight at most
+  double rate = 0.0;                // arrivals per second; 0 = all at once
+  int warmup = 2;                   // requests run first and not measured
+  uint64_t seed = 0;
+};
+
+// A batch job: how `kvpipe slurm` writes its sbatch script.
+struct ClusterSection {
+  bool present = false;             // the file has a `cluster:` section
+  int nodes = 1;
+  int gpus_per_node = 1;            // ranks per node (one GPU each when `gpus`)
+  bool gpus = true;                 // ask SLURM for gpus_per_node GPUs per node
+  std::string partition;
+  std::string account;
+  std::string time;                 // HH:MM:SS or D-HH:MM:SS; empty = the partition's default
+  std::string job_name = "kvpipe";
+  std::string output = "%x-%j.out";
+  std::map<std::string, std::string> env;
+  std::vector<std::string> modules;
+  std::string launcher = "srun";    // srun | mpirun
+  std::string kvpipe;               // the binary; empty = the running executable
+
+  int ranks() const { return nodes * gpus_per_node; }
+};
+
+// One problem of a job file: where (`job.yaml:3:5` or `--set cache.memory`), the key path,
+// and what is wrong. `line` and `column` are 1-based, 0 when the problem has no position.
+struct ConfigProblem {
+  std::string where;
+  std::string path;
+  std::string message;              // the whole one-line message, `where` included
+  int line = 0;
+  int column = 0;
+};
+
+// Every problem of a job; what() is the first problem's message.
+class JobConfigError : public std::invalid_argument {
+ public:
+  explicit JobConfigError(std::vector<ConfigProblem> problems);
+  const std::vector<ConfigProblem>& problems() const { return problems_; }
+
+ private:
+  std::vector<ConfigProblem> problems_;
+};
+
 struct JobConfig {
   std::string source;               // file name, for messages
   ModelSection model;
@@ -76,6 +141,11 @@ struct JobConfig {
   SchedulerSection scheduler;
   SamplingSection sampling;
   std::vector<RequestSpec> requests;
+  WorkloadSection workload;
+  ClusterSection cluster;
+  // Where each key present came from (`job.yaml:3:5` or `--set cache.memory`), by key path,
+  // for checks made after parsing (e.g. against the rank count).
+  std::map<std::string, std::string> where;
 };
 
 // Parses "256MiB", "1GiB", "512KiB", "1.5GiB", "100MB" (decimal), "4096" (bytes).
@@ -88,5 +158,27 @@ JobConfig load_job_config(const std::string& path, const std::vector<std::string
 // Same, from YAML text (tests); `source` names it in messages.
 JobConfig parse_job_config(const std::string& yaml_text, const std::string& source,
                            const std::vector<std::string>& overrides = {});
+
+// Every problem of a job file and its overrides, in file order (those of --set last); empty
+// when it is valid. With `ranks` > 0 (else with the cluster section's rank count, when there
+// is one) the checks of check_job_for_ranks are included.
+std::vector<ConfigProblem> validate_job_config_text(const std::string& yaml_text,
+                                                    const std::string& source,
+                                                    const std::vector<std::string>& overrides = {},
+                                                    int ranks = 0);
+std::vector<ConfigProblem> validate_job_config_file(const std::string& path,
+                                                    const std::vector<std::string>& overrides = {},
+                                                    int ranks = 0);
+
+// Problems that appear once the number of ranks is known: a cache.memory list or a pinned
+// parallel.layers split of another length, a cluster section planning another rank count.
+std::vector<ConfigProblem> check_job_for_ranks(const JobConfig& job, int ranks);
+
+// Throws a JobConfigError when `problems` is not empty.
+void throw_if_problems(const std::vector<ConfigProblem>& problems);
+
+// A SLURM time limit as the schema takes it: HH:MM:SS or D-HH:MM:SS (minutes and seconds
+// below 60, hours below 24 after a day count).
+bool is_valid_slurm_time(const std::string& text);
 
 }  // namespace kvpipe

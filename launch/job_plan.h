@@ -21,14 +21,19 @@ struct JobPlan {
   at::ScalarType dtype = at::kFloat;
   PartitionPlan partition;
   int64_t block_size = 16;
+  int64_t first_cached_layer = 0;  // layers before it keep no K/V (cache.cached_layers)
 };
 
 JobPlan plan_job(const JobConfig& job, int world_size);
 
-// The plan as log lines: the split, each rank's weight and KV bytes, the common block count.
+// The plan as log lines: the split, each rank's weight and KV bytes, the common block count
+// and the largest number of tokens all running sequences can hold together.
 void print_plan(std::ostream& out, const JobPlan& plan);
 
 // Physical memory of this machine, for `runtime.memory: auto` on CPU.
 int64_t host_memory_bytes();
+
+// runtime.memory in bytes: the size given, or `auto` / a share of the machine's memory.
+int64_t runtime_memory_bytes(const JobConfig& job);
 
 }  // namespace kvpipe
