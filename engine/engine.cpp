@@ -4,6 +4,9 @@
 
 #include <ATen/ATen.h>
 
+#include <stdexcept>
+#include <thread>
+
 namespace kvpipe {
 
 StepOutput sample_batch(const StepBatch& batch, const at::Tensor& logits) {
@@ -34,6 +37,7 @@ StageResult run_stage(const ModelShard& shard, BlockPool& pool, const StepBatch&
 }
 
 void LocalExecutor::submit(const StepBatch& batch) {
+  const ScopedSpan span(trace_, SpanKind::kCompute, next_id_++);
   done_.push_back(run_stage(shard_, pool_, batch, {}).output);
 }
 
@@ -60,12 +64,15 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
   struct InFlight {
     StepBatch batch;
     std::vector<Sequence*> seqs;
-    Clock::time_point submitted;
+    StepRecord record;
   };
+  RequestSource* const source = options_.source;
   std::deque<InFlight> flight;
   int64_t step = 0;
-  while (!scheduler_.done()) {
+  for (;;) {
     const bool stopping = options_.should_stop && options_.should_stop();
+    if (source && !stopping) source->poll(*this, Clock::now());
+    if (scheduler_.done() && (!source || source->exhausted() || stopping)) break;
     if (stopping && flight.empty()) break;
     while (!stopping && flight.size() < executor_.max_in_flight()) {
       InFlight f;
@@ -73,18 +80,36 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
       if (f.batch.seqs.empty()) break;
       ++step;
       f.batch.want_logits = options_.keep_logits;
-      f.submitted = Clock::now();
+      f.record.micro_batch = submitted_++;
+      f.record.sequences = static_cast<int64_t>(f.batch.seqs.size());
+      for (const SeqStep& s : f.batch.seqs) {
+        const bool decoding = s.sample && s.output_index > 0 && s.num_new == 1;
+        (decoding ? f.record.decode_tokens : f.record.prompt_tokens) += s.num_new;
+      }
+      f.record.submitted = Clock::now();
       executor_.submit(f.batch);
       flight.push_back(std::move(f));
     }
-    if (flight.empty()) {  // nothing has arrived yet
-      ++step;
+    if (flight.empty()) {
+      if (scheduler_.done() && source) {
+        // Everything added has finished and the next request is not due yet.
+        const std::optional<Clock::time_point> next = source->next_arrival();
+        if (!next) throw std::logic_error("request source is idle with nothing in flight and nothing due");
+        const Clock::time_point begin = Clock::now();
+        std::this_thread::sleep_until(*next);
+        if (options_.trace) options_.trace->record(SpanKind::kIdle, -1, begin, Clock::now());
+        continue;
+      }
+      ++step;  // nothing has arrived yet
       continue;
     }
     const StepOutput out = executor_.wait();
     InFlight f = std::move(flight.front());
     flight.pop_front();
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - f.submitted).count();
+    // The tokens are host values here, so the work that produced them has finished on
+    // whatever device ran it: this clock reading is the end-to-end step latency.
+    f.record.done = Clock::now();
+    const double ms = std::chrono::duration<double, std::milli>(f.record.done - f.record.submitted).count();
     stats_.step_ms_total += ms;
     stats_.step_ms.push_back(ms);
     ++stats_.steps;
@@ -106,6 +131,8 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
       }
     }
     scheduler_.update(f.batch, f.seqs, out, model_.eos_token_ids);
+    f.record.blocks_used = scheduler_.blocks().num_used();
+    stats_.step_records.push_back(f.record);
   }
 }
 

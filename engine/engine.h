@@ -9,9 +9,11 @@
 #include "engine/model_shard.h"
 #include "engine/scheduler.h"
 #include "engine/step_batch.h"
+#include "parallel/trace_recorder.h"
 
 #include <deque>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,16 +32,19 @@ class StepExecutor {
 // Samples every row of `logits` ([S, vocab], one per sampled sequence of `batch`).
 StepOutput sample_batch(const StepBatch& batch, const at::Tensor& logits);
 
-// The whole model on this rank.
+// The whole model on this rank. `trace` (optional) gets a compute span per micro-batch.
 class LocalExecutor : public StepExecutor {
  public:
-  LocalExecutor(const ModelShard& shard, BlockPool& pool) : shard_(shard), pool_(pool) {}
+  LocalExecutor(const ModelShard& shard, BlockPool& pool, TraceRecorder* trace = nullptr)
+      : shard_(shard), pool_(pool), trace_(trace) {}
   void submit(const StepBatch& batch) override;
   StepOutput wait() override;
 
  private:
   const ModelShard& shard_;
   BlockPool& pool_;
+  TraceRecorder* trace_;
+  int64_t next_id_ = 0;
   std::deque<StepOutput> done_;
 };
 
@@ -70,12 +75,42 @@ struct RequestResult {
   double tpot_ms = 0.0;
 };
 
+class Engine;
+
+// Feeds requests while the engine runs (the synthetic load of `kvpipe bench`): closed loop
+// (a new request whenever one finishes) or open loop (arrivals at given times).
+class RequestSource {
+ public:
+  virtual ~RequestSource() = default;
+  // Called before each scheduling round: adds to `engine` the requests due by `now`.
+  virtual void poll(Engine& engine, Clock::time_point now) = 0;
+  // Every request has been added.
+  virtual bool exhausted() const = 0;
+  // When the next request is due if no other event comes first; nullopt when none is due
+  // by time (closed loop, or exhausted).
+  virtual std::optional<Clock::time_point> next_arrival() const = 0;
+};
+
 struct EngineOptions {
   SchedulerOptions scheduler;
   bool keep_logits = false;
   // Polled before each step: once it returns true, run() schedules nothing new, collects the
   // micro-batches in flight and returns (a job stopped by SIGINT/SIGTERM).
   std::function<bool()> should_stop;
+  // Optional: requests added while running (not owned).
+  RequestSource* source = nullptr;
+  // Optional: gets an idle span whenever the engine sleeps until the next arrival.
+  TraceRecorder* trace = nullptr;
+};
+
+// One micro-batch, as the coordinator saw it.
+struct StepRecord {
+  int64_t micro_batch = 0;            // submission index, as the executor numbers them
+  Clock::time_point submitted{}, done{};  // done: its sampled tokens are on this host
+  int64_t sequences = 0;
+  int64_t prompt_tokens = 0;          // prompt chunks, and tokens recomputed after preemption
+  int64_t decode_tokens = 0;          // one per sequence decoding its next token
+  int64_t blocks_used = 0;            // KV blocks in use once its tokens were appended
 };
 
 struct EngineStats {
@@ -84,6 +119,7 @@ struct EngineStats {
   int64_t decode_tokens = 0;    // tokens computed whose logits were sampled
   double step_ms_total = 0.0;   // end to end: submitted -> tokens back
   std::vector<double> step_ms;  // every micro-batch's end-to-end latency
+  std::vector<StepRecord> step_records;
 };
 
 class Engine {
@@ -95,8 +131,17 @@ class Engine {
   // prompt longer than the context, or a request that can never fit in the pool.
   void add(const Request& request);
 
-  // Steps until every request has finished, or until options.should_stop() says to stop.
+  // Steps until every request has finished (and the source, if any, is exhausted), or until
+  // options.should_stop() says to stop. May be called again with more requests.
   void run(const std::function<void(const TokenEvent&)>& on_token = {});
+
+  // Replaces EngineOptions::source for the next run() (null: none).
+  void set_source(RequestSource* source) { options_.source = source; }
+
+  // Requests added and not finished yet.
+  int64_t unfinished() const {
+    return static_cast<int64_t>(scheduler_.sequences().size()) - scheduler_.num_finished();
+  }
 
   std::vector<RequestResult> results() const;
   const EngineStats& stats() const { return stats_; }
@@ -108,6 +153,7 @@ class Engine {
   EngineOptions options_;
   Scheduler scheduler_;
   EngineStats stats_;
+  int64_t submitted_ = 0;
 };
 
 }  // namespace kvpipe

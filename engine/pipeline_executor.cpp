@@ -31,8 +31,13 @@ PipelineExecutor::PipelineExecutor(const ModelShard& shard, BlockPool& pool, Pip
 }
 
 void PipelineExecutor::submit(const StepBatch& batch) {
-  const StageResult r = run_stage(shard_, pool_, batch, {});
-  channel_.send(1, encode_step_header(batch, next_id_++), r.hidden);
+  const int64_t id = next_id_++;
+  StageResult r;
+  {
+    const ScopedSpan span(channel_.trace(), SpanKind::kCompute, id);
+    r = run_stage(shard_, pool_, batch, {});
+  }
+  channel_.send(1, encode_step_header(batch, id), r.hidden);
 }
 
 StepOutput PipelineExecutor::wait() {
@@ -66,7 +71,11 @@ void run_stage_worker(const ModelShard& shard, BlockPool& pool, PipelineChannel&
     const StepBatch batch = decode_step_header(m.header, &micro_batch);
     if (micro_batch == fault_at)
       throw std::runtime_error("injected fault at micro-batch " + std::to_string(micro_batch));
-    const StageResult r = run_stage(shard, pool, batch, m.tensor.to(at::kCPU));
+    StageResult r;
+    {
+      const ScopedSpan span(channel.trace(), SpanKind::kCompute, micro_batch);
+      r = run_stage(shard, pool, batch, m.tensor.to(at::kCPU));
+    }
     if (!last) {
       channel.send(rank + 1, m.header, r.hidden);
       continue;

@@ -122,7 +122,8 @@ void Scheduler::preempt(Sequence& seq) {
 StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences, int64_t micro_batches) {
   const auto now = Clock::now();
   while (!pending_.empty() && pending_.front()->request.arrival_step <= step) {
-    pending_.front()->arrival_time = now;
+    const Clock::time_point given = pending_.front()->request.arrival_time;
+    pending_.front()->arrival_time = given == Clock::time_point{} ? now : given;
     waiting_.push_back(pending_.front());
     pending_.erase(pending_.begin());
   }
@@ -227,6 +228,7 @@ void Scheduler::update(const StepBatch& computed, const std::vector<Sequence*>& 
              static_cast<int64_t>(s.tokens.size()) >= options_.max_context)
       s.finish_reason = "length";
     if (s.finished()) {
+      ++finished_;
       release(s);
       running_.erase(std::find(running_.begin(), running_.end(), &s));
     }

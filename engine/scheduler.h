@@ -35,6 +35,9 @@ struct Request {
   std::vector<int64_t> prompt;
   int64_t max_new_tokens = 16;
   int64_t arrival_step = 0;
+  // When set, the time the request arrived, which may precede the step that first sees it
+  // (requests fed while the engine runs); otherwise the time of that step.
+  Clock::time_point arrival_time{};
   SamplingParams sampling;
   bool ignore_eos = false;
 };
@@ -95,6 +98,7 @@ class Scheduler {
               const StepOutput& output, const std::vector<int64_t>& eos_ids);
 
   bool done() const { return pending_.empty() && waiting_.empty() && running_.empty(); }
+  int64_t num_finished() const { return finished_; }
   const SchedulerStats& stats() const { return stats_; }
   const BlockManager& blocks() const { return blocks_; }
   const std::vector<std::unique_ptr<Sequence>>& sequences() const { return all_; }
@@ -115,6 +119,7 @@ class Scheduler {
   std::deque<Sequence*> waiting_;    // arrived, not admitted (preempted ones at the front)
   std::vector<Sequence*> running_;   // admitted, in admission order
   SchedulerStats stats_;
+  int64_t finished_ = 0;
 };
 
 }  // namespace kvpipe

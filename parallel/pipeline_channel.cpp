@@ -54,8 +54,11 @@ void PipelineChannel::send(int peer, const std::vector<int64_t>& header, const a
   MPI_Isend(p->header.data(), static_cast<int>(p->header.size()), MPI_INT64_T, peer, kHeaderTag, MPI_COMM_WORLD, req);
   p->header_request = req;
   if (tensor.defined()) p->tensor = comm_.isend(tensor, peer);
+  const int64_t micro_batch = header.empty() ? -1 : header[0];
   pending_.push_back(std::move(p));
-  comm_s_ += seconds(Clock::now() - t0);
+  const auto t1 = Clock::now();
+  comm_s_ += seconds(t1 - t0);
+  if (trace_) trace_->record(SpanKind::kSend, micro_batch, t0, t1);
 }
 
 Message PipelineChannel::recv(int peer) {
@@ -84,11 +87,18 @@ Message PipelineChannel::recv(int peer) {
     m.tensor = at::empty(shape, at::TensorOptions().dtype(dtype).device(comm_.device()));
     comm_.recv(m.tensor, peer);
   }
-  comm_s_ += seconds(Clock::now() - t1);
+  const auto t2 = Clock::now();
+  comm_s_ += seconds(t2 - t1);
+  if (trace_) {
+    const int64_t micro_batch = m.header.empty() ? -1 : m.header[0];
+    trace_->record(SpanKind::kWait, micro_batch, t0, t1);
+    trace_->record(SpanKind::kRecv, micro_batch, t1, t2);
+  }
   return m;
 }
 
 void PipelineChannel::flush() {
+  if (pending_.empty()) return;
   const auto t0 = Clock::now();
   for (auto& p : pending_) {
     auto* req = static_cast<MPI_Request*>(p->header_request);
@@ -97,7 +107,9 @@ void PipelineChannel::flush() {
     if (p->tensor) p->tensor->wait();
   }
   pending_.clear();
-  comm_s_ += seconds(Clock::now() - t0);
+  const auto t1 = Clock::now();
+  comm_s_ += seconds(t1 - t0);
+  if (trace_) trace_->record(SpanKind::kSend, -1, t0, t1);
 }
 
 void PipelineChannel::start() {

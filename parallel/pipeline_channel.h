@@ -5,10 +5,12 @@
 // tensors, MPI for host tensors). Sends are asynchronous and completed lazily, so a rank
 // never blocks on a neighbour that is still computing. The channel times what the rank does
 // with it: waiting for a message to arrive (the pipeline bubble), moving tensors, and
-// computing between messages, without adding any synchronisation between ranks.
+// computing between messages, without adding any synchronisation between ranks, and can
+// record each of those spans for a trace.
 #pragma once
 
 #include "parallel/communicator.h"
+#include "parallel/trace_recorder.h"
 
 #include <ATen/Tensor.h>
 
@@ -54,6 +56,11 @@ class PipelineChannel {
 
   Communicator& communicator() { return comm_; }
 
+  // Records wait, receive and send spans into `trace` (not owned; null turns it off). The
+  // span's micro-batch is the first header word, where the pipeline protocol puts it.
+  void set_trace(TraceRecorder* trace) { trace_ = trace; }
+  TraceRecorder* trace() const { return trace_; }
+
  private:
   using Clock = std::chrono::steady_clock;
   void reap();
@@ -69,6 +76,7 @@ class PipelineChannel {
   Clock::time_point started_{};
   bool start_pending_ = false;
   double wait_s_ = 0, comm_s_ = 0, total_s_ = 0;
+  TraceRecorder* trace_ = nullptr;
 };
 
 }  // namespace kvpipe
