@@ -1,6 +1,7 @@
 #include "launch/cli.h"
 
 #include "engine/model_config.h"
+#include "launch/bench.h"
 #include "launch/generate.h"
 #include "launch/init_model.h"
 #include "launch/job_config.h"
@@ -148,6 +149,17 @@ int run_cli(int argc, char** argv) {
   const auto log_levels = CLI::IsMember({"error", "warn", "info", "debug"});
   gen_cmd->add_option("--log-level", log_level, "error, warn, info (default) or debug")->check(log_levels);
 
+  // bench
+  BenchOptions bench_opts;
+  auto* bench_cmd = app.add_subcommand(
+      "bench", "Run the config's workload: and write report.json, requests.csv and trace.json to --out");
+  bench_cmd->add_option("--config", bench_opts.config, "Job YAML file (its workload: section is the load)")->required();
+  bench_cmd->add_option("--set", bench_opts.overrides, "Override a config key: key.path=value (repeatable)");
+  bench_cmd->add_option("--out", bench_opts.out_dir, "Directory for report.json, requests.csv, trace.json")->required();
+  bench_cmd->add_flag("--profile", bench_opts.profile,
+                      "Also profile LibTorch operators on rank 0 (profile_rank0.json)");
+  bench_cmd->add_option("--log-level", log_level, "error, warn, info (default) or debug")->check(log_levels);
+
   // validate
   std::string validate_config;
   std::vector<std::string> validate_overrides;
@@ -230,12 +242,16 @@ int run_cli(int argc, char** argv) {
       std::cout << make_slurm_script(job, inputs);
     }, nullptr);
   }
-  // generate: the only sub-command that joins the MPI job.
+  // generate and bench join the MPI job.
   std::unique_ptr<World> world;
   int code = guarded([&] { world = std::make_unique<World>(&argc, &argv); }, nullptr);
   if (code != kExitOk) return code;
   install_stop_handlers();
   code = guarded([&] {
+    if (bench_cmd->parsed()) {
+      bench(bench_opts, *world);
+      return;
+    }
     if (!prompt_ids.empty()) gen.prompt_ids = parse_id_list(prompt_ids);
     if (max_new_opt->count() > 0) gen.max_new_tokens = max_new;
     generate(gen, *world);

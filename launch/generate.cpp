@@ -1,21 +1,15 @@
 #include "launch/generate.h"
 
-#include "cache/block_pool.h"
 #include "engine/engine.h"
 #include "engine/model_shard.h"
 #include "engine/model_weights.h"
 #include "launch/job_config.h"
 #include "launch/job_plan.h"
-#include "launch/device_plan.h"
+#include "launch/job_runner.h"
 #include "launch/log.h"
 #include "launch/signals.h"
-#include "engine/pipeline_executor.h"
-#include "parallel/communicator.h"
-#include "parallel/pipeline_channel.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <ATen/detail/CUDAHooksInterface.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -69,15 +63,7 @@ namespace {
 // Rank 0: schedules, runs stage 0 (or the whole model), prints the results.
 void run_coordinator(const GenerateOptions& o, const JobConfig& job, const JobPlan& plan,
                      const ModelShard& shard, StepExecutor& executor) {
-  EngineOptions eo;
-  eo.scheduler.block_size = plan.block_size;
-  eo.scheduler.max_batch = job.scheduler.max_batch;
-  eo.scheduler.max_tokens_per_step = job.scheduler.max_tokens_per_step;
-  eo.scheduler.max_context = plan.model.max_position;
-  eo.scheduler.prefix_reuse = job.cache.prefix_reuse;
-  eo.scheduler.window_sinks = job.cache.window_sinks;
-  eo.scheduler.window_recent = job.cache.window_recent;
-  eo.scheduler.full_sequences = plan.first_cached_layer > 0;
+  EngineOptions eo = engine_options(job, plan);
   eo.keep_logits = !o.logprobs_out.empty();
   eo.should_stop = [] { return stop_requested(); };
   Engine engine(executor, plan.model, plan.partition.num_blocks, eo);
@@ -163,80 +149,15 @@ void generate(const GenerateOptions& o, World& world) {
   if (o.max_new_tokens && *o.max_new_tokens < 1)
     throw std::invalid_argument("--max-new-tokens: must be at least 1");
   const JobConfig job = load_job_config(o.config, o.overrides);
-  set_log_rank(world.rank(), world.size());
-  // The engine computes on the CPU in this build; the GPU choice is still checked so that a
-  // job file that would put two ranks on one GPU fails the same way everywhere.
-  const int local_ranks = local_rank_count_from_env();
-  const std::string device = choose_device(world.local_rank(), local_ranks,
-                                           at::detail::getCUDAHooks().getNumGPUs(),
-                                           job.runtime.share_gpu);
-  log_printf(LogLevel::kDebug, "device %s (local rank %d of %d)", device.c_str(),
-             world.local_rank(), local_ranks);
-  if (job.runtime.pin_threads) {
-    // Before the compute pool starts: its threads inherit this thread's affinity.
-    const std::vector<int> cores =
-        cores_for_rank(allowed_cpus(), world.local_rank(), local_ranks, job.runtime.threads);
-    if (cores.empty() || !pin_to_cores(cores)) {
-      log_printf(LogLevel::kWarn,
-                 "runtime.pin_threads: %d rank(s) x %d thread(s) do not fit in the %zu allowed "
-                 "CPU(s); threads are not pinned",
-                 local_ranks, job.runtime.threads, allowed_cpus().size());
-    } else {
-      std::string list;
-      for (const int cpu : cores) list += (list.empty() ? "" : ",") + std::to_string(cpu);
-      log_printf(LogLevel::kDebug, "compute threads pinned to CPU(s) %s", list.c_str());
-    }
-  }
-  at::set_num_threads(job.runtime.threads);
-
-  const JobPlan plan = plan_job(job, world.size());
-  if (plan.dtype != at::kFloat)
-    throw std::invalid_argument(job.source + ": model.dtype " + job.model.dtype +
-                                " is not supported on CPU (use float32)");
-  // The communicator comes first: a backend that cannot run fails before any weight loads.
-  std::unique_ptr<Communicator> comm;
-  if (world.size() > 1) comm = make_communicator(job.parallel.backend, world);
-  else if (job.parallel.backend == "nccl") make_nccl_communicator(world);
-  if (world.is_coordinator() && log_enabled(LogLevel::kInfo)) {
-    std::ostringstream lines;
-    print_plan(lines, plan);
-    std::istringstream in(lines.str());
-    for (std::string line; std::getline(in, line);) log_line(LogLevel::kInfo, line);
-  }
-  const StagePlan& stage = plan.partition.stages[world.rank()];
-
-  WeightSelection sel;
-  sel.layers = {stage.first_layer, stage.first_layer + stage.num_layers};
-  sel.embedding = world.rank() == 0;
-  sel.head = world.rank() == world.size() - 1;
-  const ModelShard shard(load_weights(job.model.path, plan.model, sel, plan.dtype), plan.first_cached_layer);
-  BlockPool pool(shard.kv_shape(plan.block_size), plan.partition.num_blocks, plan.dtype, at::kCPU);
-
-  if (world.size() == 1) {
-    LocalExecutor executor(shard, pool);
-    run_coordinator(o, job, plan, shard, executor);
-    return;
-  }
-  PipelineChannel channel(world, *comm);
-  const size_t micro_batches =
-      job.parallel.micro_batches > 0 ? static_cast<size_t>(job.parallel.micro_batches) : static_cast<size_t>(world.size());
-  if (world.is_coordinator()) channel.start();
-  else channel.start_on_first_message();
-  if (world.is_coordinator()) {
-    PipelineExecutor executor(shard, pool, channel, world.size(), micro_batches);
-    run_coordinator(o, job, plan, shard, executor);
-    executor.shutdown();
-  } else {
-    run_stage_worker(shard, pool, channel, world.rank(), world.size());
-  }
-  channel.stop();
-  const std::vector<RankTimes> times = channel.gather_times();
-  for (size_t r = 0; r < times.size(); ++r) {
-    const RankTimes& t = times[r];
+  const JobOutcome outcome = run_job(job, world, nullptr, [&](CoordinatorContext& c) {
+    run_coordinator(o, c.job, c.plan, c.shard, c.executor);
+  });
+  for (size_t r = 0; r < outcome.times.size(); ++r) {
+    const RankTimes& t = outcome.times[r];
     const double total = std::max(t.total_s, 1e-9);
     log_printf(LogLevel::kInfo, "rank %zu: busy %.1f%%, wait %.1f%%, comm %.1f%% of %.3f s (%s)", r,
-                 100.0 * t.compute_s / total, 100.0 * t.wait_s / total, 100.0 * t.comm_s / total, t.total_s,
-                 comm->name().c_str());
+               100.0 * t.compute_s / total, 100.0 * t.wait_s / total, 100.0 * t.comm_s / total, t.total_s,
+               outcome.backend.c_str());
   }
 }
 

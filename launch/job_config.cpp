@@ -607,7 +607,8 @@ class Validator {
     };
   }
 
-  // A token count: an integer >= 1, or a range [lo, hi] with 1 <= lo <= hi.
+  // A token count: an integer >= 1, a range [lo, hi] with 1 <= lo <= hi, or the name of a
+  // file of counts (one integer >= 1 per line; blank lines and `#` comments skipped).
   Reader length_range(LengthRange* out) {
     return [this, out](const YAML::Node& n, const std::string& p) {
       if (n.IsSequence()) {
@@ -621,15 +622,48 @@ class Validator {
           fail(n, p, "range [" + std::to_string(lo) + ", " + std::to_string(hi) +
                          "] has lo > hi");
         }
-        *out = {static_cast<int>(lo), static_cast<int>(hi)};
+        *out = {static_cast<int>(lo), static_cast<int>(hi), {}, {}};
+        return;
+      }
+      int64_t number = 0;
+      if (is_plain_scalar(n) && !n.Scalar().empty() && !parse_int64(n.Scalar(), &number) &&
+          n.Scalar().find_first_not_of("+-0123456789.eE") != std::string::npos) {
+        *out = read_length_file(n, p);
         return;
       }
       if (!is_plain_scalar(n)) {
-        fail(n, p, "expected a positive integer or a range [lo, hi], got " + describe(n));
+        fail(n, p, "expected a positive integer, a range [lo, hi] or a file of lengths, got " +
+                       describe(n));
       }
       const int value = static_cast<int>(read_int(n, p, 1, kIntMax));
-      *out = {value, value};
+      *out = {value, value, {}, {}};
     };
+  }
+
+  LengthRange read_length_file(const YAML::Node& n, const std::string& p) {
+    const std::string file = n.Scalar();
+    std::ifstream in(file);
+    if (!in) fail(n, p, "cannot read the file of lengths '" + file + "'");
+    LengthRange r;
+    r.file = file;
+    std::string line;
+    for (int line_no = 1; std::getline(in, line); ++line_no) {
+      const size_t hash = line.find('#');
+      if (hash != std::string::npos) line.erase(hash);
+      const size_t b = line.find_first_not_of(" \t\r");
+      if (b == std::string::npos) continue;
+      const std::string text = line.substr(b, line.find_last_not_of(" \t\r") - b + 1);
+      int64_t v = 0;
+      if (!parse_int64(text, &v) || v < 1 || v > kIntMax) {
+        fail(n, p, file + ":" + std::to_string(line_no) + ": expected a positive integer, got '" +
+                       text + "'");
+      }
+      r.values.push_back(static_cast<int>(v));
+    }
+    if (r.values.empty()) fail(n, p, "the file of lengths '" + file + "' has no lengths");
+    r.lo = *std::min_element(r.values.begin(), r.values.end());
+    r.hi = *std::max_element(r.values.begin(), r.values.end());
+    return r;
   }
 
   Reader memory_spec(MemorySpec* out) {

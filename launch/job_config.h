@@ -75,10 +75,14 @@ struct RequestSpec {
   int arrival_step = 0;             // engine step at which the request arrives
 };
 
-// A token count drawn per request: lo == hi for a fixed count.
+// A token count per request: fixed (lo == hi), drawn uniformly from [lo, hi], or, when
+// `values` is not empty, read from a file (request i takes values[i % size]; lo and hi are
+// then their minimum and maximum).
 struct LengthRange {
   int lo = 128;
   int hi = 128;
+  std::vector<int> values;
+  std::string file;                 // where `values` came from
 };
 
 // The synthetic load of `kvpipe bench`.

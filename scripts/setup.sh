@@ -10,6 +10,7 @@ packages=(
   libopenblas0-openmp     # without it LibTorch falls back to the slow reference BLAS
   libopenmpi-dev openmpi-bin
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libgtest-dev
+  python3 gnuplot-nox     # benchmarks/sweep: runs sweeps, draws the PNG plots
 )
 
 missing=()

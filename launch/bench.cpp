@@ -1,0 +1,484 @@
+#include "launch/bench.h"
+
+#include "launch/bench_report.h"
+#include "launch/device_plan.h"
+#include "launch/job_config.h"
+#include "launch/job_plan.h"
+#include "launch/job_runner.h"
+#include "launch/log.h"
+#include "launch/op_profiler.h"
+#include "launch/signals.h"
+#include "launch/workload.h"
+
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <nlohmann/json.hpp>
+#include <torch/version.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#ifndef KVPIPE_VERSION
+#define KVPIPE_VERSION "unknown"
+#endif
+#ifndef KVPIPE_GIT_COMMIT
+#define KVPIPE_GIT_COMMIT "unknown"
+#endif
+#ifndef KVPIPE_BUILD_TYPE
+#define KVPIPE_BUILD_TYPE "unknown"
+#endif
+#ifndef KVPIPE_COMPILER
+#define KVPIPE_COMPILER "unknown"
+#endif
+
+namespace kvpipe {
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+using ms = std::chrono::duration<double, std::milli>;
+
+struct RequestRow {
+  int64_t id = 0;
+  double arrival_ms = 0;  // since the measured phase started
+  int64_t prompt_tokens = 0, output_tokens = 0, preemptions = 0;
+  double ttft_ms = 0, tpot_ms = 0, e2e_ms = 0, itl_max_ms = 0;
+  std::string finish_reason;
+};
+
+// What rank 0 measured; filled by the coordinator, reported after the job.
+struct Measured {
+  JobPlan plan;
+  Clock::time_point start{}, end{};
+  bool stopped = false;
+  std::vector<RequestRow> rows;
+  std::vector<double> ttft, tpot, itl, e2e;
+  std::vector<StepRecord> steps;
+  PrefixCacheStats prefix;
+  int64_t preemptions = 0, recomputed_tokens = 0, computed_tokens = 0, peak_blocks_used = 0;
+  std::vector<OpTotal> top_ops;
+};
+
+double round3(double v) { return std::round(v * 1000.0) / 1000.0; }
+
+void check_workload(const JobConfig& job, const JobPlan& plan) {
+  const WorkloadSection& w = job.workload;
+  const int64_t context = plan.model.max_position;
+  if (static_cast<int64_t>(w.prompt_len.hi) + w.output_len.hi > context) {
+    throw std::invalid_argument(job.source + ": workload.prompt_len + workload.output_len reach " +
+                                std::to_string(static_cast<int64_t>(w.prompt_len.hi) + w.output_len.hi) +
+                                " tokens, more than the model's context of " + std::to_string(context));
+  }
+}
+
+std::vector<Request> to_requests(const std::vector<WorkloadRequest>& drawn, int64_t first_id, const JobConfig& job) {
+  std::vector<Request> out;
+  for (size_t i = 0; i < drawn.size(); ++i) {
+    Request r;
+    r.id = first_id + static_cast<int64_t>(i);
+    r.prompt = drawn[i].prompt;
+    r.max_new_tokens = drawn[i].output_len;
+    r.sampling = SamplingParams{job.sampling.temperature, job.sampling.top_k, job.sampling.top_p, job.sampling.seed};
+    r.ignore_eos = true;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+// Rank 0: warm-up, then the measured phase.
+void run_benchmark(CoordinatorContext& c, TraceRecorder& trace, const BenchOptions& o, Measured& m) {
+  const JobConfig& job = c.job;
+  const WorkloadSection& w = job.workload;
+  m.plan = c.plan;
+  EngineOptions eo = engine_options(job, c.plan);
+  eo.should_stop = [] { return stop_requested(); };
+  eo.trace = &trace;
+  Engine engine(c.executor, c.plan.model, c.plan.partition.num_blocks, eo);
+  const int64_t vocab = c.plan.model.vocab_size;
+
+  if (w.warmup > 0) {
+    log_printf(LogLevel::kInfo, "bench: %d warm-up request(s)", w.warmup);
+    WorkloadSource warm(to_requests(make_workload(w, vocab, 0, w.warmup), 0, job), std::vector<double>(w.warmup, 0.0),
+                        w.concurrency, 0.0, Clock::now());
+    engine.set_source(&warm);
+    engine.run();
+  }
+  const size_t steps_before = engine.stats().step_records.size();
+  const PrefixCacheStats prefix_before = engine.scheduler().blocks().stats();
+  const SchedulerStats sched_before = engine.scheduler().stats();
+
+  const std::vector<WorkloadRequest> drawn = make_workload(w, vocab, w.warmup, w.requests);
+  std::vector<double> arrivals;
+  for (const WorkloadRequest& r : drawn) arrivals.push_back(r.arrival_s);
+  log_printf(LogLevel::kInfo, "bench: %d measured request(s), %s", w.requests,
+             w.rate > 0 ? ("open loop at " + std::to_string(w.rate) + " requests/s").c_str()
+                        : ("closed loop, concurrency " + std::to_string(w.concurrency)).c_str());
+  std::map<int64_t, std::vector<Clock::time_point>> token_times;
+  std::unique_ptr<OpProfiler> profiler;
+  if (o.profile) profiler = std::make_unique<OpProfiler>((std::filesystem::path(o.out_dir) / "profile_rank0.json").string());
+  ProgressBar progress(static_cast<int64_t>(w.requests) * w.output_len.hi, w.output_len.lo == w.output_len.hi);
+  m.start = Clock::now();
+  WorkloadSource source(to_requests(drawn, w.warmup, job), arrivals, w.concurrency, w.rate, m.start);
+  engine.set_source(&source);
+  engine.run([&](const TokenEvent& ev) {
+    token_times[ev.request_id].push_back(Clock::now());
+    progress.advance(1);
+  });
+  m.end = Clock::now();
+  progress.finish();
+  if (profiler) {
+    profiler->stop();
+    m.top_ops = top_operators(profiler->path(), 12);
+  }
+  m.stopped = stop_requested();
+  if (m.stopped)
+    log_printf(LogLevel::kWarn, "stopped by signal %d: reporting the requests finished so far", stop_signal());
+
+  const auto& records = engine.stats().step_records;
+  m.steps.assign(records.begin() + static_cast<std::ptrdiff_t>(steps_before), records.end());
+  const PrefixCacheStats& prefix = engine.scheduler().blocks().stats();
+  m.prefix.lookup_tokens = prefix.lookup_tokens - prefix_before.lookup_tokens;
+  m.prefix.hit_tokens = prefix.hit_tokens - prefix_before.hit_tokens;
+  m.prefix.evictions = prefix.evictions - prefix_before.evictions;
+  const SchedulerStats& ss = engine.scheduler().stats();
+  m.preemptions = ss.preemptions - sched_before.preemptions;
+  m.recomputed_tokens = ss.recomputed_tokens - sched_before.recomputed_tokens;
+  m.computed_tokens = ss.computed_tokens - sched_before.computed_tokens;
+  for (const StepRecord& s : m.steps) m.peak_blocks_used = std::max(m.peak_blocks_used, s.blocks_used);
+
+  for (const auto& seq : engine.scheduler().sequences()) {
+    if (seq->request.id < w.warmup || !seq->finished()) continue;
+    RequestRow row;
+    row.id = seq->request.id;
+    row.arrival_ms = ms(seq->arrival_time - m.start).count();
+    row.prompt_tokens = static_cast<int64_t>(seq->request.prompt.size());
+    row.output_tokens = seq->num_output();
+    row.preemptions = seq->preemptions;
+    row.finish_reason = seq->finish_reason;
+    row.ttft_ms = ms(seq->first_token_time - seq->arrival_time).count();
+    row.e2e_ms = ms(seq->last_token_time - seq->arrival_time).count();
+    if (row.output_tokens > 1)
+      row.tpot_ms = ms(seq->last_token_time - seq->first_token_time).count() / static_cast<double>(row.output_tokens - 1);
+    const std::vector<Clock::time_point>& times = token_times[row.id];
+    for (size_t k = 1; k < times.size(); ++k) {
+      const double gap = ms(times[k] - times[k - 1]).count();
+      m.itl.push_back(gap);
+      row.itl_max_ms = std::max(row.itl_max_ms, gap);
+    }
+    m.ttft.push_back(row.ttft_ms);
+    m.e2e.push_back(row.e2e_ms);
+    if (row.output_tokens > 1) m.tpot.push_back(row.tpot_ms);
+    m.rows.push_back(row);
+  }
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  }
+  return "unknown";
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  return gethostname(buf, sizeof(buf) - 1) == 0 ? std::string(buf) : "unknown";
+}
+
+ordered_json memory_json(const MemorySpec& m) {
+  switch (m.kind) {
+    case MemorySpec::Kind::kBytes: return m.bytes;
+    case MemorySpec::Kind::kPerRank: return m.per_rank;
+    case MemorySpec::Kind::kShare: return std::to_string(m.share * 100.0) + "%";
+  }
+  return nullptr;
+}
+
+ordered_json length_json(const LengthRange& r) {
+  ordered_json j = ordered_json::array({r.lo, r.hi});
+  return j;
+}
+
+struct ReportInputs {
+  const BenchOptions& options;
+  const JobConfig& job;
+  const World& world;
+  const JobOutcome& outcome;
+  const Measured& m;
+  const std::vector<RankBreakdown>& ranks;
+  bool oversubscribed;
+  int64_t decode_weight_bytes;
+};
+
+ordered_json make_report(const ReportInputs& in) {
+  const JobConfig& job = in.job;
+  const Measured& m = in.m;
+  const JobPlan& plan = m.plan;
+  const WorkloadSection& w = job.workload;
+  const double duration_s = std::chrono::duration<double>(m.end - m.start).count();
+  int64_t prompt_tokens = 0, output_tokens = 0;
+  for (const RequestRow& r : m.rows) prompt_tokens += r.prompt_tokens, output_tokens += r.output_tokens;
+
+  ordered_json report;
+  report["kvpipe"] = {{"version", KVPIPE_VERSION},
+                      {"git", KVPIPE_GIT_COMMIT},
+                      {"build_type", KVPIPE_BUILD_TYPE},
+                      {"compiler", KVPIPE_COMPILER},
+                      {"torch", TORCH_VERSION},
+#ifdef KVPIPE_HAVE_NCCL
+                      {"nccl", true}};
+#else
+                      {"nccl", false}};
+#endif
+  report["machine"] = {{"hostname", host_name()},
+                       {"cpu", cpu_model()},
+                       {"cores", std::thread::hardware_concurrency()},
+                       {"memory_bytes", host_memory_bytes()},
+                       {"gpus", at::detail::getCUDAHooks().getNumGPUs()}};
+  report["world_size"] = in.world.size();
+  report["backend"] = in.outcome.backend;
+  report["threads_per_rank"] = job.runtime.threads;
+  report["oversubscribed"] = in.oversubscribed;
+  ordered_json layers = ordered_json::array();
+  for (const StagePlan& s : plan.partition.stages) layers.push_back(s.num_layers);
+  const int64_t micro_batches =
+      in.world.size() == 1 ? 1 : (job.parallel.micro_batches > 0 ? job.parallel.micro_batches : in.world.size());
+  report["config"] = {
+      {"file", in.options.config},
+      {"overrides", in.options.overrides},
+      {"model", {{"path", job.model.path}, {"dtype", job.model.dtype}, {"layers", plan.model.num_layers},
+                 {"hidden_size", plan.model.hidden_size}, {"vocab_size", plan.model.vocab_size},
+                 {"max_position", plan.model.max_position}}},
+      {"parallel", {{"layers", layers}, {"micro_batches", micro_batches}, {"backend", job.parallel.backend}}},
+      {"cache", {{"block_size", plan.block_size}, {"num_blocks", plan.partition.num_blocks},
+                 {"memory", memory_json(job.cache.memory)}, {"prefix_reuse", job.cache.prefix_reuse},
+                 {"cached_layers", plan.model.num_layers - plan.first_cached_layer},
+                 {"window", {{"sinks", job.cache.window_sinks}, {"recent", job.cache.window_recent}}}}},
+      {"scheduler", {{"max_batch", job.scheduler.max_batch}, {"max_tokens_per_step", job.scheduler.max_tokens_per_step}}},
+      {"sampling", {{"temperature", job.sampling.temperature}, {"top_k", job.sampling.top_k},
+                    {"top_p", job.sampling.top_p}, {"seed", job.sampling.seed}}}};
+  ordered_json workload = {{"mode", w.rate > 0 ? "open" : "closed"},
+                           {"requests", w.requests},
+                           {"prompt_len", length_json(w.prompt_len)},
+                           {"output_len", length_json(w.output_len)},
+                           {"shared_prefix", w.shared_prefix},
+                           {"concurrency", w.concurrency},
+                           {"rate", w.rate},
+                           {"warmup", w.warmup},
+                           {"seed", w.seed}};
+  if (!w.prompt_len.file.empty()) workload["prompt_len_file"] = w.prompt_len.file;
+  if (!w.output_len.file.empty()) workload["output_len_file"] = w.output_len.file;
+  report["workload"] = workload;
+  report["stopped"] = m.stopped;
+  report["requests"] = {{"completed", static_cast<int64_t>(m.rows.size())},
+                        {"prompt_tokens", prompt_tokens},
+                        {"output_tokens", output_tokens}};
+  report["duration_s"] = round3(duration_s);
+  const double d = std::max(duration_s, 1e-9);
+  report["throughput"] = {{"output_tokens_per_s", round3(output_tokens / d)},
+                          {"total_tokens_per_s", round3((prompt_tokens + output_tokens) / d)},
+                          {"requests_per_s", round3(static_cast<double>(m.rows.size()) / d)}};
+  std::vector<double> step_ms, decode_step_ms;
+  double blocks_sum = 0;
+  for (const StepRecord& s : m.steps) {
+    const double v = ms(s.done - s.submitted).count();
+    step_ms.push_back(v);
+    if (s.prompt_tokens == 0) decode_step_ms.push_back(v);
+    blocks_sum += static_cast<double>(s.blocks_used);
+  }
+  report["latency_ms"] = {{"ttft", to_json(summarize(m.ttft))},  {"tpot", to_json(summarize(m.tpot))},
+                          {"itl", to_json(summarize(m.itl))},    {"e2e", to_json(summarize(m.e2e))},
+                          {"step", to_json(summarize(step_ms))}, {"decode_step", to_json(summarize(decode_step_ms))}};
+  int64_t prompt_tokens_computed = 0, decode_tokens = 0, sequences = 0;
+  for (const StepRecord& s : m.steps)
+    prompt_tokens_computed += s.prompt_tokens, decode_tokens += s.decode_tokens, sequences += s.sequences;
+  report["steps"] = {{"count", static_cast<int64_t>(m.steps.size())},
+                     {"decode_steps", static_cast<int64_t>(decode_step_ms.size())},
+                     {"prompt_tokens", prompt_tokens_computed},
+                     {"decode_tokens", decode_tokens},
+                     {"mean_sequences", m.steps.empty() ? 0.0 : round3(static_cast<double>(sequences) / m.steps.size())}};
+  report["decode_weight_bytes"] = in.decode_weight_bytes;
+  ordered_json ranks = ordered_json::array();
+  for (size_t r = 0; r < in.ranks.size(); ++r) {
+    const RankBreakdown& b = in.ranks[r];
+    const StagePlan& st = plan.partition.stages.at(r);
+    ranks.push_back({{"rank", static_cast<int64_t>(r)},
+                     {"first_layer", st.first_layer},
+                     {"num_layers", st.num_layers},
+                     {"compute", std::round(b.compute * 1e6) / 1e6},
+                     {"comm", std::round(b.comm * 1e6) / 1e6},
+                     {"wait", std::round(b.wait * 1e6) / 1e6},
+                     {"idle", std::round(b.idle * 1e6) / 1e6},
+                     {"total_s", round3(b.total_s)}});
+  }
+  report["ranks"] = ranks;
+  // At most ~500 samples of the blocks in use, evenly spaced over the steps.
+  ordered_json samples = ordered_json::array();
+  const size_t stride = std::max<size_t>(1, m.steps.size() / 500);
+  for (size_t i = 0; i < m.steps.size(); i += stride)
+    samples.push_back({round3(std::chrono::duration<double>(m.steps[i].done - m.start).count()), m.steps[i].blocks_used});
+  report["kv_cache"] = {
+      {"num_blocks", plan.partition.num_blocks},
+      {"block_size", plan.block_size},
+      {"peak_blocks_used", m.peak_blocks_used},
+      {"mean_blocks_used", m.steps.empty() ? 0.0 : round3(blocks_sum / m.steps.size())},
+      {"blocks_used", samples},
+      {"prefix_hit_rate", std::round(m.prefix.hit_rate() * 1e6) / 1e6},
+      {"prefix_hit_tokens", m.prefix.hit_tokens},
+      {"prefix_lookup_tokens", m.prefix.lookup_tokens},
+      {"evictions", m.prefix.evictions},
+      {"preemptions", m.preemptions},
+      {"recomputed_tokens", m.recomputed_tokens},
+      {"computed_tokens", m.computed_tokens}};
+  ordered_json ops = ordered_json::array();
+  for (const OpTotal& op : m.top_ops)
+    ops.push_back({{"name", op.name}, {"calls", op.calls}, {"total_ms", round3(op.total_ms)}});
+  if (in.options.profile) report["profile_top_ops"] = ops;
+  report["files"] = {{"requests_csv", "requests.csv"},
+                     {"trace", "trace.json"},
+                     {"profile", in.options.profile ? ordered_json("profile_rank0.json") : ordered_json(nullptr)}};
+  return report;
+}
+
+void write_csv(const std::string& path, const std::vector<RequestRow>& rows) {
+  std::ofstream out(path);
+  if (!out) throw std::invalid_argument("--out: cannot write " + path);
+  out << "id,arrival_ms,prompt_tokens,output_tokens,ttft_ms,tpot_ms,e2e_ms,itl_max_ms,preemptions,finish_reason\n";
+  char line[512];
+  for (const RequestRow& r : rows) {
+    std::snprintf(line, sizeof(line), "%lld,%.3f,%lld,%lld,%.3f,%.3f,%.3f,%.3f,%lld,%s\n",
+                  static_cast<long long>(r.id), r.arrival_ms, static_cast<long long>(r.prompt_tokens),
+                  static_cast<long long>(r.output_tokens), r.ttft_ms, r.tpot_ms, r.e2e_ms, r.itl_max_ms,
+                  static_cast<long long>(r.preemptions), r.finish_reason.c_str());
+    out << line;
+  }
+}
+
+void write_json(const std::string& path, const ordered_json& j, int indent) {
+  std::ofstream out(path);
+  if (!out) throw std::invalid_argument("--out: cannot write " + path);
+  out << j.dump(indent) << "\n";
+}
+
+// The one-screen summary on stdout.
+void print_summary(std::ostream& os, const ordered_json& r, const std::string& dir) {
+  char buf[256];
+  const auto& w = r["workload"];
+  const auto& t = r["throughput"];
+  os << "kvpipe bench: " << r["config"]["file"].get<std::string>() << ", " << r["world_size"].get<int>()
+     << " rank(s) (" << r["backend"].get<std::string>() << (r["oversubscribed"].get<bool>() ? ", oversubscribed" : "")
+     << "), " << r["threads_per_rank"].get<int>() << " thread(s) per rank\n";
+  const std::string loop = w["mode"] == "open" ? "open loop, " + std::to_string(w["rate"].get<double>()) + " req/s, concurrency " +
+                                                     std::to_string(w["concurrency"].get<int>())
+                                               : "closed loop, concurrency " + std::to_string(w["concurrency"].get<int>());
+  std::snprintf(buf, sizeof(buf), "workload: %d requests (%s), prompt %d..%d, output %d..%d tokens, warm-up %d\n",
+                w["requests"].get<int>(), loop.c_str(), w["prompt_len"][0].get<int>(), w["prompt_len"][1].get<int>(),
+                w["output_len"][0].get<int>(), w["output_len"][1].get<int>(), w["warmup"].get<int>());
+  os << buf;
+  std::snprintf(buf, sizeof(buf), "duration %.3f s: %lld requests, %lld prompt + %lld output tokens\n",
+                r["duration_s"].get<double>(), r["requests"]["completed"].get<long long>(),
+                r["requests"]["prompt_tokens"].get<long long>(), r["requests"]["output_tokens"].get<long long>());
+  os << buf;
+  std::snprintf(buf, sizeof(buf), "throughput: %.1f output tok/s, %.1f total tok/s, %.3f req/s\n",
+                t["output_tokens_per_s"].get<double>(), t["total_tokens_per_s"].get<double>(),
+                t["requests_per_s"].get<double>());
+  os << buf;
+  std::snprintf(buf, sizeof(buf), "%-16s %10s %10s %10s %10s %8s\n", "latency (ms)", "mean", "median", "p90", "p99", "count");
+  os << buf;
+  for (const auto& [key, label] : std::vector<std::pair<std::string, std::string>>{
+           {"ttft", "TTFT"}, {"tpot", "TPOT"}, {"itl", "ITL"}, {"e2e", "end to end"}, {"step", "step"},
+           {"decode_step", "decode step"}}) {
+    const auto& d = r["latency_ms"][key];
+    std::snprintf(buf, sizeof(buf), "%-16s %10.2f %10.2f %10.2f %10.2f %8lld\n", label.c_str(), d["mean"].get<double>(),
+                  d["median"].get<double>(), d["p90"].get<double>(), d["p99"].get<double>(), d["count"].get<long long>());
+    os << buf;
+  }
+  std::snprintf(buf, sizeof(buf), "%-16s %10s %10s %10s %10s\n", "rank (layers)", "compute", "comm", "wait", "idle");
+  os << buf;
+  for (const auto& k : r["ranks"]) {
+    const int64_t first = k["first_layer"].get<int64_t>(), n = k["num_layers"].get<int64_t>();
+    const std::string name = std::to_string(k["rank"].get<int>()) + " (" + std::to_string(first) + ".." +
+                             std::to_string(first + n - 1) + ")";
+    std::snprintf(buf, sizeof(buf), "%-16s %9.1f%% %9.1f%% %9.1f%% %9.1f%%\n", name.c_str(), 100 * k["compute"].get<double>(),
+                  100 * k["comm"].get<double>(), 100 * k["wait"].get<double>(), 100 * k["idle"].get<double>());
+    os << buf;
+  }
+  const auto& kv = r["kv_cache"];
+  std::snprintf(buf, sizeof(buf),
+                "kv cache: peak %lld of %lld blocks (mean %.1f), prefix hit rate %.1f%%, %lld evictions, %lld "
+                "preemptions\n",
+                kv["peak_blocks_used"].get<long long>(), kv["num_blocks"].get<long long>(),
+                kv["mean_blocks_used"].get<double>(), 100 * kv["prefix_hit_rate"].get<double>(),
+                kv["evictions"].get<long long>(), kv["preemptions"].get<long long>());
+  os << buf;
+  if (r.contains("profile_top_ops")) {
+    os << "top operators on rank 0 (inclusive ms, calls):";
+    int shown = 0;
+    for (const auto& op : r["profile_top_ops"]) {
+      if (shown++ == 6) break;
+      std::snprintf(buf, sizeof(buf), " %s %.1f (%lld);", op["name"].get<std::string>().c_str(),
+                    op["total_ms"].get<double>(), op["calls"].get<long long>());
+      os << buf;
+    }
+    os << "\n";
+  }
+  os << "files: " << dir << "/report.json, requests.csv, trace.json"
+     << (r["files"]["profile"].is_null() ? "" : ", profile_rank0.json") << "\n";
+}
+
+}  // namespace
+
+void bench(const BenchOptions& o, World& world) {
+  if (o.out_dir.empty()) throw std::invalid_argument("--out: an output directory is required");
+  const JobConfig job = load_job_config(o.config, o.overrides);
+  // Before anything is loaded or logged: a workload that cannot run is bad input.
+  check_workload(job, plan_job(job, world.size()));
+  if (world.is_coordinator()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.out_dir, ec);
+    if (ec || !std::filesystem::is_directory(o.out_dir))
+      throw std::invalid_argument("--out: cannot create the directory " + o.out_dir);
+  }
+  TraceRecorder trace;
+  Measured m;
+  const JobOutcome outcome = run_job(job, world, &trace, [&](CoordinatorContext& c) { run_benchmark(c, trace, o, m); });
+  if (!world.is_coordinator()) return;
+
+  const double from_us = trace.since_epoch_us(m.start), to_us = trace.since_epoch_us(m.end);
+  std::vector<RankBreakdown> ranks;
+  for (const auto& spans : outcome.traces) ranks.push_back(breakdown(spans, from_us, to_us));
+  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const bool oversubscribed = static_cast<int64_t>(local_rank_count_from_env()) * job.runtime.threads > cores;
+  // A decode step reads every layer, the final norm and the LM head over all ranks; of the
+  // embedding table, one row per sequence.
+  const ModelConfig& model = m.plan.model;
+  const int64_t decode_weight_bytes =
+      (model.num_layers * model.layer_params() + model.hidden_size + model.embedding_params()) *
+      static_cast<int64_t>(sizeof(float));
+  const ordered_json report = make_report({o, job, world, outcome, m, ranks, oversubscribed, decode_weight_bytes});
+
+  const std::filesystem::path dir(o.out_dir);
+  std::vector<std::string> names;
+  for (const StagePlan& s : m.plan.partition.stages)
+    names.push_back("layers " + std::to_string(s.first_layer) + ".." + std::to_string(s.first_layer + s.num_layers - 1));
+  std::vector<StepSpan> steps;
+  for (const StepRecord& s : m.steps)
+    steps.push_back({s.micro_batch, trace.since_epoch_us(s.submitted), trace.since_epoch_us(s.done), s.blocks_used});
+  write_json((dir / "trace.json").string(), chrome_trace(outcome.traces, names, steps, from_us, to_us), -1);
+  write_csv((dir / "requests.csv").string(), m.rows);
+  write_json((dir / "report.json").string(), report, 2);
+  print_summary(std::cout, report, o.out_dir);
+  std::cout.flush();
+}
+
+}  // namespace kvpipe

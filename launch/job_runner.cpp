@@ -1,0 +1,118 @@
+#include "launch/job_runner.h"
+
+#include "cache/block_pool.h"
+#include "engine/model_shard.h"
+#include "engine/model_weights.h"
+#include "engine/pipeline_executor.h"
+#include "launch/device_plan.h"
+#include "launch/log.h"
+#include "parallel/communicator.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+
+namespace kvpipe {
+
+EngineOptions engine_options(const JobConfig& job, const JobPlan& plan) {
+  EngineOptions eo;
+  eo.scheduler.block_size = plan.block_size;
+  eo.scheduler.max_batch = job.scheduler.max_batch;
+  eo.scheduler.max_tokens_per_step = job.scheduler.max_tokens_per_step;
+  eo.scheduler.max_context = plan.model.max_position;
+  eo.scheduler.prefix_reuse = job.cache.prefix_reuse;
+  eo.scheduler.window_sinks = job.cache.window_sinks;
+  eo.scheduler.window_recent = job.cache.window_recent;
+  eo.scheduler.full_sequences = plan.first_cached_layer > 0;
+  return eo;
+}
+
+JobOutcome run_job(const JobConfig& job, World& world, TraceRecorder* trace,
+                   const std::function<void(CoordinatorContext&)>& coordinator) {
+  set_log_rank(world.rank(), world.size());
+  // The engine computes on the CPU in this build; the GPU choice is still checked so that a
+  // job file that would put two ranks on one GPU fails the same way everywhere.
+  const int local_ranks = local_rank_count_from_env();
+  const std::string device = choose_device(world.local_rank(), local_ranks,
+                                           at::detail::getCUDAHooks().getNumGPUs(),
+                                           job.runtime.share_gpu);
+  log_printf(LogLevel::kDebug, "device %s (local rank %d of %d)", device.c_str(),
+             world.local_rank(), local_ranks);
+  if (job.runtime.pin_threads) {
+    // Before the compute pool starts: its threads inherit this thread's affinity.
+    const std::vector<int> cores =
+        cores_for_rank(allowed_cpus(), world.local_rank(), local_ranks, job.runtime.threads);
+    if (cores.empty() || !pin_to_cores(cores)) {
+      log_printf(LogLevel::kWarn,
+                 "runtime.pin_threads: %d rank(s) x %d thread(s) do not fit in the %zu allowed "
+                 "CPU(s); threads are not pinned",
+                 local_ranks, job.runtime.threads, allowed_cpus().size());
+    } else {
+      std::string list;
+      for (const int cpu : cores) list += (list.empty() ? "" : ",") + std::to_string(cpu);
+      log_printf(LogLevel::kDebug, "compute threads pinned to CPU(s) %s", list.c_str());
+    }
+  }
+  at::set_num_threads(job.runtime.threads);
+
+  const JobPlan plan = plan_job(job, world.size());
+  if (plan.dtype != at::kFloat)
+    throw std::invalid_argument(job.source + ": model.dtype " + job.model.dtype +
+                                " is not supported on CPU (use float32)");
+  // The communicator comes first: a backend that cannot run fails before any weight loads.
+  std::unique_ptr<Communicator> comm;
+  if (world.size() > 1) comm = make_communicator(job.parallel.backend, world);
+  else if (job.parallel.backend == "nccl") make_nccl_communicator(world);
+  if (world.is_coordinator() && log_enabled(LogLevel::kInfo)) {
+    std::ostringstream lines;
+    print_plan(lines, plan);
+    std::istringstream in(lines.str());
+    for (std::string line; std::getline(in, line);) log_line(LogLevel::kInfo, line);
+  }
+  const StagePlan& stage = plan.partition.stages[world.rank()];
+
+  WeightSelection sel;
+  sel.layers = {stage.first_layer, stage.first_layer + stage.num_layers};
+  sel.embedding = world.rank() == 0;
+  sel.head = world.rank() == world.size() - 1;
+  const ModelShard shard(load_weights(job.model.path, plan.model, sel, plan.dtype), plan.first_cached_layer);
+  BlockPool pool(shard.kv_shape(plan.block_size), plan.partition.num_blocks, plan.dtype, at::kCPU);
+
+  JobOutcome outcome;
+  if (world.size() == 1) {
+    outcome.backend = "local";
+    if (trace) trace->start(world);
+    LocalExecutor executor(shard, pool, trace);
+    CoordinatorContext ctx{job, plan, shard, executor, world};
+    coordinator(ctx);
+    if (trace) outcome.traces = trace->gather(world);
+    return outcome;
+  }
+  outcome.backend = comm->name();
+  PipelineChannel channel(world, *comm);
+  channel.set_trace(trace);
+  const size_t micro_batches = job.parallel.micro_batches > 0 ? static_cast<size_t>(job.parallel.micro_batches)
+                                                              : static_cast<size_t>(world.size());
+  if (trace) trace->start(world);
+  if (world.is_coordinator()) channel.start();
+  else channel.start_on_first_message();
+  if (world.is_coordinator()) {
+    PipelineExecutor executor(shard, pool, channel, world.size(), micro_batches);
+    CoordinatorContext ctx{job, plan, shard, executor, world};
+    coordinator(ctx);
+    executor.shutdown();
+  } else {
+    run_stage_worker(shard, pool, channel, world.rank(), world.size());
+  }
+  channel.stop();
+  channel.set_trace(nullptr);
+  outcome.times = channel.gather_times();
+  if (trace) outcome.traces = trace->gather(world);
+  return outcome;
+}
+
+}  // namespace kvpipe

@@ -1,0 +1,47 @@
+// JobRunner: one rank's part of a job, shared by `generate` and `bench`.
+//
+// Sets the rank up from a validated job (device check, thread pinning and count, the plan,
+// the communicator before any weight loads, this rank's shard and KV pool), then rank 0
+// runs the caller's coordinator over an executor (the whole model, or stage 0 of the
+// pipeline) while every other rank serves its stage until rank 0 shuts the pipeline down.
+// Afterwards every rank's busy/wait/comm times, and the trace when one is recorded, are
+// gathered on rank 0.
+#pragma once
+
+#include "engine/engine.h"
+#include "launch/job_config.h"
+#include "launch/job_plan.h"
+#include "parallel/pipeline_channel.h"
+#include "parallel/trace_recorder.h"
+#include "parallel/world.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace kvpipe {
+
+// What rank 0's coordinator works with.
+struct CoordinatorContext {
+  const JobConfig& job;
+  const JobPlan& plan;
+  const ModelShard& shard;  // stage 0 (the whole model on one rank)
+  StepExecutor& executor;
+  const World& world;
+};
+
+struct JobOutcome {
+  std::string backend;                         // "local", "mpi" or "nccl"
+  std::vector<RankTimes> times;                // rank 0 only, one per rank (pipelines only)
+  std::vector<std::vector<TraceSpan>> traces;  // rank 0 only, one per rank, when traced
+};
+
+// With `trace` set, every rank starts it (collectively, just before the run) and records
+// its spans into it; the spans come back in JobOutcome::traces on rank 0.
+JobOutcome run_job(const JobConfig& job, World& world, TraceRecorder* trace,
+                   const std::function<void(CoordinatorContext&)>& coordinator);
+
+// Engine options of the job: scheduler limits, cache policies and the context length.
+EngineOptions engine_options(const JobConfig& job, const JobPlan& plan);
+
+}  // namespace kvpipe
