@@ -15,6 +15,17 @@ namespace kvpipe {
 // w [rows, cols] and x [cols], contiguous; returns [rows] (+ bias when defined).
 at::Tensor gemv(const at::Tensor& w, const at::Tensor& x, const at::Tensor& bias = {});
 
+// Inputs that gemv_rows streams the weights once for; more go in groups of this many.
+constexpr int64_t kGemvMaxRows = 4;
+// Up to this many inputs gemv_rows beats BLAS gemm (two passes over the weights still read
+// them faster than gemm does on so few rows).
+constexpr int64_t kGemvRowsLimit = 8;
+
+// w [rows, cols] and x [n, cols]; returns [n, rows] = x W^T (+ bias), reading W once per
+// kGemvMaxRows inputs: small-batch decode, which BLAS gemm serves at a fraction of the
+// read bandwidth. Falls back to at::mm where gemv would fall back to at::mv.
+at::Tensor gemv_rows(const at::Tensor& w, const at::Tensor& x, const at::Tensor& bias = {});
+
 // Whether gemv uses its own vector kernel on this processor.
 bool gemv_has_fast_kernel();
 

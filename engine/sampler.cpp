@@ -6,7 +6,6 @@
 #include <random>
 
 namespace kvpipe {
-namespace {
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ULL;
@@ -14,8 +13,6 @@ uint64_t splitmix64(uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
   return x ^ (x >> 31);
 }
-
-}  // namespace
 
 Candidates sampling_candidates(const float* logits, int64_t vocab, const SamplingParams& p) {
   Candidates c;

@@ -13,6 +13,9 @@
 
 namespace kvpipe {
 
+// SplitMix64's finaliser: a well-mixed 64-bit hash, for seeds derived from several values.
+uint64_t splitmix64(uint64_t x);
+
 // Tokens that stay candidates after temperature, top-k and top-p, most probable first,
 // with their renormalised probabilities. Greedy (temperature 0) keeps the argmax alone
 // (the lowest id among equal maxima).

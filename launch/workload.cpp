@@ -1,22 +1,17 @@
 #include "launch/workload.h"
 
+#include "engine/sampler.h"
+
 #include <cmath>
 #include <random>
 
 namespace kvpipe {
 namespace {
 
-// SplitMix64: a stream per (seed, purpose, index), so that one request's draws do not
-// depend on how many numbers the others drew.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
+// A stream per (seed, purpose, index), so that one request's draws do not depend on how
+// many numbers the others drew.
 uint64_t stream_seed(uint64_t seed, uint64_t purpose, uint64_t index) {
-  return mix(mix(mix(seed) ^ purpose) ^ index);
+  return splitmix64(splitmix64(splitmix64(seed) ^ purpose) ^ index);
 }
 
 int64_t draw_length(const LengthRange& r, std::mt19937_64& rng, int64_t index) {

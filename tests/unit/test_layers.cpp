@@ -325,6 +325,24 @@ TEST_P(LayersDense, single_row_and_matrix_paths_match_reference) {
   }
 }
 
+// Small batches (up to kGemvRowsLimit rows) stream the weights once per group of inputs;
+// more rows go to gemm. Every size, with a column count that leaves a tail after the
+// 8-wide vectors, matches the reference.
+TEST_P(LayersDense, small_batch_path_matches_reference) {
+  const bool with_bias = GetParam();
+  const int64_t in = 37, out = 70;
+  const std::vector<float> w = random_floats(out * in, 61);
+  const std::vector<float> b = random_floats(out, 62);
+  const at::Tensor wt = to_tensor(w, {out, in});
+  const at::Tensor bt = with_bias ? to_tensor(b, {out}) : at::Tensor();
+  for (int64_t n : {2, 3, 4, 5, 7, 8, 9, 12}) {
+    const std::vector<float> x = random_floats(n * in, 63 + n);
+    const at::Tensor y = dense(to_tensor(x, {n, in}), wt, bt);
+    ASSERT_EQ(y.sizes(), at::IntArrayRef({n, out}));
+    expect_all_near(y, dense_reference(x, w, with_bias ? &b : nullptr, n, in, out), 1e-5);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(LayersBias, LayersDense, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? std::string("with_bias") : std::string("no_bias");
