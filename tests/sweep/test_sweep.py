@@ -477,14 +477,14 @@ class SweepTest(unittest.TestCase):
         lines = md.stdout.splitlines()
         self.assertIn("### plots", lines)
         head = next(line for line in lines if line.startswith("| ranks"))
-        for column in ("batch", "prompt_len", "output tok/s", "speedup", "efficiency", "vs smallest batch",
+        for column in ("batch", "prompt_len", "output tok/s", "total tok/s", "speedup", "efficiency", "vs smallest batch",
                        "TPOT p99 ms", "compute per rank"):
             self.assertIn(column, head)
         rows = [line for line in lines if line.startswith("| 2 | 8 | 16 |")]
         self.assertEqual(len(rows), 1, md.stdout)
         cells = [c.strip() for c in rows[0].strip("|").split("|")]
-        self.assertEqual(cells[4], "2.00x")  # two ranks against one
-        self.assertEqual(cells[5], "1.00")   # the stub scales perfectly
+        self.assertEqual(cells[5], "2.00x")  # two ranks against one
+        self.assertEqual(cells[6], "1.00")   # the stub scales perfectly
         self.assertEqual(cells[-2], "0.80 / 0.70")
         if shutil.which("gnuplot"):
             self.assertIn("](out/plots/plots-throughput-vs-ranks.png)", md.stdout)
