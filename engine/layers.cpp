@@ -4,7 +4,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <limits>
+#include <vector>
 
 namespace kvpipe {
 
@@ -46,14 +48,16 @@ at::Tensor swiglu(const at::Tensor& gate_up) {
   return at::silu(gate_up.narrow(-1, 0, ff)) * gate_up.narrow(-1, ff, ff);
 }
 
-at::Tensor windowed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                              const at::Tensor& q_positions, const at::Tensor& k_positions,
-                              const AttentionWindow& window, double scale) {
-  const int64_t n = q.size(0), heads = q.size(1), hd = q.size(2);
-  const int64_t L = k.size(0), kv_heads = k.size(1), group = heads / kv_heads;
+namespace {
+
+// One block of queries against keys [0, L): the whole computation, masks included.
+at::Tensor attention_block(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& vt,
+                           const at::Tensor& q_positions, const at::Tensor& k_positions,
+                           const AttentionWindow& window, double scale, int64_t kv_heads) {
+  const int64_t n = q.size(0), heads = q.size(1), hd = q.size(2), L = kt.size(2);
+  const int64_t group = heads / kv_heads;
   // [kv_heads, group * n, hd]: query heads sharing a kv head become rows of one product.
   const at::Tensor qg = q.reshape({n, kv_heads, group, hd}).permute({1, 2, 0, 3}).reshape({kv_heads, group * n, hd});
-  const at::Tensor kt = k.permute({1, 2, 0});  // [kv_heads, hd, L]
   at::Tensor scores = at::bmm(qg, kt).mul_(scale).view({kv_heads, group, n, L});
   if (n > 1) {
     const at::Tensor qp = q_positions.unsqueeze(1), kp = k_positions.unsqueeze(0);
@@ -62,8 +66,43 @@ at::Tensor windowed_attention(const at::Tensor& q, const at::Tensor& k, const at
     scores.masked_fill_(hidden, -std::numeric_limits<float>::infinity());
   }
   const at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(q.scalar_type());
-  const at::Tensor out = at::bmm(probs.view({kv_heads, group * n, L}), v.permute({1, 0, 2}));
+  const at::Tensor out = at::bmm(probs.view({kv_heads, group * n, L}), vt);
   return out.view({kv_heads, group, n, hd}).permute({2, 0, 1, 3}).reshape({n, heads * hd});
+}
+
+// Queries per block of a long prompt: each block skips the keys after its last query, which
+// halves a causal prefill's attention work, and its scores stay cache-sized.
+constexpr int64_t kQueryBlock = 256;
+
+}  // namespace
+
+at::Tensor windowed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& q_positions, const at::Tensor& k_positions,
+                              const AttentionWindow& window, double scale) {
+  const int64_t n = q.size(0), L = k.size(0), kv_heads = k.size(1);
+  const at::Tensor kt = k.permute({1, 2, 0}).contiguous();  // [kv_heads, hd, L]
+  const at::Tensor vt = v.permute({1, 0, 2}).contiguous();  // [kv_heads, L, hd]
+  if (n <= kQueryBlock) return attention_block(q, kt, vt, q_positions, k_positions, window, scale, kv_heads);
+  // Keys in position order (as a sequence's cache gathers them) let a block stop at the
+  // first key past its last query; otherwise every block sees every key.
+  const at::Tensor kp = k_positions.contiguous();
+  const bool sorted = L < 2 || (kp.narrow(0, 1, L - 1) >= kp.narrow(0, 0, L - 1)).all().item<bool>();
+  const at::Tensor qp_cpu = q_positions.to(at::kCPU).contiguous();
+  const at::Tensor kp_cpu = kp.to(at::kCPU);
+  std::vector<at::Tensor> outs;
+  for (int64_t b = 0; b < n; b += kQueryBlock) {
+    const int64_t m = std::min(kQueryBlock, n - b);
+    const at::Tensor qp = q_positions.narrow(0, b, m);
+    int64_t keys = L;
+    if (sorted) {
+      const int64_t last = qp_cpu.narrow(0, b, m).max().item<int64_t>();
+      keys = (kp_cpu <= last).sum().item<int64_t>();
+      keys = std::max<int64_t>(keys, 1);
+    }
+    outs.push_back(attention_block(q.narrow(0, b, m), kt.narrow(2, 0, keys), vt.narrow(1, 0, keys), qp,
+                                   kp.narrow(0, 0, keys), window, scale, kv_heads));
+  }
+  return at::cat(outs, 0);
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

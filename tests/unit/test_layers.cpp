@@ -254,6 +254,37 @@ TEST_P(LayersCausalAttention, queries_ignore_keys_after_their_position) {
   EXPECT_FALSE(at::allclose(a[c.n - 1], b[c.n - 1]));
 }
 
+// Long prompts go through the attention in blocks of queries, each stopping at its last
+// query's key: a 600-token chunk after 100 cached tokens against the float64 reference.
+TEST(LayersLongAttention, blocked_prefill_matches_float64_reference) {
+  const int64_t n = 600, L = 700, heads = 4, kv_heads = 2, hd = 8;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const std::vector<float> q = random_floats(n * heads * hd, 41, -2.0f, 2.0f);
+  const std::vector<float> k = random_floats(L * kv_heads * hd, 42, -2.0f, 2.0f);
+  const std::vector<float> v = random_floats(L * kv_heads * hd, 43);
+  const at::Tensor out = causal_attention(to_tensor(q, {n, heads, hd}), to_tensor(k, {L, kv_heads, hd}),
+                                          to_tensor(v, {L, kv_heads, hd}), scale);
+  expect_all_near(out, attention_reference(q, k, v, n, heads, kv_heads, L, hd, scale), 1e-5);
+}
+
+// Keys out of position order cannot be cut short: every block then sees every key. The
+// same window over the same keys, in order and shuffled, must agree.
+TEST(LayersLongAttention, window_with_keys_in_any_order) {
+  const int64_t n = 530, L = 530, heads = 4, kv_heads = 2, hd = 8;
+  const at::Tensor q = to_tensor(random_floats(n * heads * hd, 44, -2.0f, 2.0f), {n, heads, hd});
+  const at::Tensor k = to_tensor(random_floats(L * kv_heads * hd, 45, -2.0f, 2.0f), {L, kv_heads, hd});
+  const at::Tensor v = to_tensor(random_floats(L * kv_heads * hd, 46), {L, kv_heads, hd});
+  const at::Tensor positions = at::arange(L, at::kLong);
+  const AttentionWindow window{4, 100};
+  const at::Tensor ordered = windowed_attention(q, k, v, positions, positions, window, 0.3);
+  const at::Tensor perm = at::randperm(L, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor shuffled = windowed_attention(q, k.index_select(0, perm), v.index_select(0, perm), positions,
+                                                 positions.index_select(0, perm), window, 0.3);
+  EXPECT_TRUE(at::allclose(ordered, shuffled, 1e-5, 1e-6));
+  // And the window matters: without it the last queries see far more keys.
+  EXPECT_FALSE(at::allclose(ordered, windowed_attention(q, k, v, positions, positions, {}, 0.3), 1e-3, 1e-4));
+}
+
 INSTANTIATE_TEST_SUITE_P(LayersHeadLayouts, LayersCausalAttention,
                          ::testing::Values(AttentionCase{8, 2, 1}, AttentionCase{8, 2, 3},
                                            AttentionCase{4, 4, 1}, AttentionCase{4, 4, 3},
