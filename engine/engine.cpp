@@ -109,11 +109,6 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
     // The tokens are host values here, so the work that produced them has finished on
     // whatever device ran it: this clock reading is the end-to-end step latency.
     f.record.done = Clock::now();
-    const double ms = std::chrono::duration<double, std::milli>(f.record.done - f.record.submitted).count();
-    stats_.step_ms_total += ms;
-    stats_.step_ms.push_back(ms);
-    ++stats_.steps;
-    for (const SeqStep& s : f.batch.seqs) (s.sample ? stats_.decode_tokens : stats_.prefill_tokens) += s.num_new;
     if (on_token) {
       size_t row = 0;
       for (const SeqStep& s : f.batch.seqs) {

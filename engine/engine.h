@@ -11,6 +11,7 @@
 #include "engine/step_batch.h"
 #include "parallel/trace_recorder.h"
 
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -111,15 +112,14 @@ struct StepRecord {
   int64_t prompt_tokens = 0;          // prompt chunks, and tokens recomputed after preemption
   int64_t decode_tokens = 0;          // one per sequence decoding its next token
   int64_t blocks_used = 0;            // KV blocks in use once its tokens were appended
+
+  // End-to-end latency: submitted -> tokens back.
+  double ms() const { return std::chrono::duration<double, std::milli>(done - submitted).count(); }
 };
 
 struct EngineStats {
-  int64_t steps = 0;            // micro-batches run
-  int64_t prefill_tokens = 0;   // tokens computed that were not sampled from
-  int64_t decode_tokens = 0;    // tokens computed whose logits were sampled
-  double step_ms_total = 0.0;   // end to end: submitted -> tokens back
-  std::vector<double> step_ms;  // every micro-batch's end-to-end latency
-  std::vector<StepRecord> step_records;
+  std::vector<StepRecord> step_records;  // every micro-batch run, in completion order
+  int64_t steps() const { return static_cast<int64_t>(step_records.size()); }
 };
 
 class Engine {

@@ -70,10 +70,17 @@ __attribute__((target("avx2,fma"))) void gemm_rows_avx2(const float* w, const fl
 
 using GemmRowsKernel = void (*)(const float*, const float*, int64_t, float*, int64_t, int64_t, int64_t, int64_t);
 
+// A group of one input takes gemv's kernel, so a row gets the same sums in a batch of 5 as
+// alone.
+void gemv_rows_one(const float* w, const float* x, int64_t, float* y, int64_t, int64_t begin, int64_t end,
+                   int64_t cols) {
+  gemv_rows_avx2(w, x, y, begin, end, cols);
+}
+
 GemmRowsKernel gemm_rows_kernel(int64_t m) {
   static_assert(kGemvMaxRows == 4, "one kernel per group size");
   switch (m) {
-    case 1: return gemm_rows_avx2<1>;
+    case 1: return gemv_rows_one;
     case 2: return gemm_rows_avx2<2>;
     case 3: return gemm_rows_avx2<3>;
     default: return gemm_rows_avx2<4>;

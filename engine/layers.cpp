@@ -80,9 +80,13 @@ at::Tensor windowed_attention(const at::Tensor& q, const at::Tensor& k, const at
                               const at::Tensor& q_positions, const at::Tensor& k_positions,
                               const AttentionWindow& window, double scale) {
   const int64_t n = q.size(0), L = k.size(0), kv_heads = k.size(1);
+  if (n <= kQueryBlock) {  // decode and short chunks: one block, on views of K and V
+    return attention_block(q, k.permute({1, 2, 0}), v.permute({1, 0, 2}), q_positions, k_positions, window, scale,
+                           kv_heads);
+  }
+  // Copied once so that every block's products read K and V contiguously.
   const at::Tensor kt = k.permute({1, 2, 0}).contiguous();  // [kv_heads, hd, L]
   const at::Tensor vt = v.permute({1, 0, 2}).contiguous();  // [kv_heads, L, hd]
-  if (n <= kQueryBlock) return attention_block(q, kt, vt, q_positions, k_positions, window, scale, kv_heads);
   // Keys in position order (as a sequence's cache gathers them) let a block stop at the
   // first key past its last query; otherwise every block sees every key.
   const at::Tensor kp = k_positions.contiguous();

@@ -55,7 +55,6 @@ struct RequestRow {
 
 // What rank 0 measured; filled by the coordinator, reported after the job.
 struct Measured {
-  JobPlan plan;
   Clock::time_point start{}, end{};
   bool stopped = false;
   std::vector<RequestRow> rows;
@@ -96,7 +95,6 @@ std::vector<Request> to_requests(const std::vector<WorkloadRequest>& drawn, int6
 void run_benchmark(CoordinatorContext& c, TraceRecorder& trace, const BenchOptions& o, Measured& m) {
   const JobConfig& job = c.job;
   const WorkloadSection& w = job.workload;
-  m.plan = c.plan;
   EngineOptions eo = engine_options(job, c.plan);
   eo.should_stop = [] { return stop_requested(); };
   eo.trace = &trace;
@@ -212,6 +210,7 @@ ordered_json length_json(const LengthRange& r) {
 struct ReportInputs {
   const BenchOptions& options;
   const JobConfig& job;
+  const JobPlan& plan;
   const World& world;
   const JobOutcome& outcome;
   const Measured& m;
@@ -223,7 +222,7 @@ struct ReportInputs {
 ordered_json make_report(const ReportInputs& in) {
   const JobConfig& job = in.job;
   const Measured& m = in.m;
-  const JobPlan& plan = m.plan;
+  const JobPlan& plan = in.plan;
   const WorkloadSection& w = job.workload;
   const double duration_s = std::chrono::duration<double>(m.end - m.start).count();
   int64_t prompt_tokens = 0, output_tokens = 0;
@@ -291,7 +290,7 @@ ordered_json make_report(const ReportInputs& in) {
   std::vector<double> step_ms, decode_step_ms;
   double blocks_sum = 0;
   for (const StepRecord& s : m.steps) {
-    const double v = ms(s.done - s.submitted).count();
+    const double v = s.ms();
     step_ms.push_back(v);
     if (s.prompt_tokens == 0) decode_step_ms.push_back(v);
     blocks_sum += static_cast<double>(s.blocks_used);
@@ -441,8 +440,9 @@ void print_summary(std::ostream& os, const ordered_json& r, const std::string& d
 void bench(const BenchOptions& o, World& world) {
   if (o.out_dir.empty()) throw std::invalid_argument("--out: an output directory is required");
   const JobConfig job = load_job_config(o.config, o.overrides);
+  const JobPlan plan = plan_job(job, world.size());
   // Before anything is loaded or logged: a workload that cannot run is bad input.
-  check_workload(job, plan_job(job, world.size()));
+  check_workload(job, plan);
   if (world.is_coordinator()) {
     std::error_code ec;
     std::filesystem::create_directories(o.out_dir, ec);
@@ -451,7 +451,7 @@ void bench(const BenchOptions& o, World& world) {
   }
   TraceRecorder trace;
   Measured m;
-  const JobOutcome outcome = run_job(job, world, &trace, [&](CoordinatorContext& c) { run_benchmark(c, trace, o, m); });
+  const JobOutcome outcome = run_job(job, plan, world, &trace, [&](CoordinatorContext& c) { run_benchmark(c, trace, o, m); });
   if (!world.is_coordinator()) return;
 
   const double from_us = trace.since_epoch_us(m.start), to_us = trace.since_epoch_us(m.end);
@@ -461,15 +461,15 @@ void bench(const BenchOptions& o, World& world) {
   const bool oversubscribed = static_cast<int64_t>(local_rank_count_from_env()) * job.runtime.threads > cores;
   // A decode step reads every layer, the final norm and the LM head over all ranks; of the
   // embedding table, one row per sequence.
-  const ModelConfig& model = m.plan.model;
+  const ModelConfig& model = plan.model;
   const int64_t decode_weight_bytes =
       (model.num_layers * model.layer_params() + model.hidden_size + model.embedding_params()) *
       static_cast<int64_t>(sizeof(float));
-  const ordered_json report = make_report({o, job, world, outcome, m, ranks, oversubscribed, decode_weight_bytes});
+  const ordered_json report = make_report({o, job, plan, world, outcome, m, ranks, oversubscribed, decode_weight_bytes});
 
   const std::filesystem::path dir(o.out_dir);
   std::vector<std::string> names;
-  for (const StagePlan& s : m.plan.partition.stages)
+  for (const StagePlan& s : plan.partition.stages)
     names.push_back("layers " + std::to_string(s.first_layer) + ".." + std::to_string(s.first_layer + s.num_layers - 1));
   std::vector<StepSpan> steps;
   for (const StepRecord& s : m.steps)

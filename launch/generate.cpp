@@ -16,6 +16,7 @@
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <numeric>
 #include <sstream>
 #include <stdexcept>
 
@@ -113,9 +114,11 @@ void run_coordinator(const GenerateOptions& o, const JobConfig& job, const JobPl
   }
   std::cout.flush();
   const EngineStats& st = engine.stats();
-  std::vector<double> steps = st.step_ms;
+  std::vector<double> steps;
+  for (const StepRecord& r : st.step_records) steps.push_back(r.ms());
   std::sort(steps.begin(), steps.end());
   const double median_step = steps.empty() ? 0.0 : steps[steps.size() / 2];
+  const double mean_step = std::accumulate(steps.begin(), steps.end(), 0.0) / std::max<size_t>(steps.size(), 1);
   // A decode step reads every weight but the embedding table, of which it reads one row.
   const ModelWeights& w = shard.weights();
   const bool separate_embedding =
@@ -127,7 +130,7 @@ void run_coordinator(const GenerateOptions& o, const JobConfig& job, const JobPl
                "median %.2f ms, %lld preemptions, %lld weight bytes read per decode step on rank 0",
                engine.results().size(), static_cast<long long>(prompt_tokens),
                static_cast<long long>(generated), wall_s, generated / std::max(wall_s, 1e-9),
-               static_cast<long long>(st.steps), st.step_ms_total / std::max<int64_t>(st.steps, 1),
+               static_cast<long long>(st.steps()), mean_step,
                median_step, static_cast<long long>(engine.scheduler().stats().preemptions),
                static_cast<long long>(decode_bytes));
   const SchedulerStats& ss = engine.scheduler().stats();
@@ -149,7 +152,8 @@ void generate(const GenerateOptions& o, World& world) {
   if (o.max_new_tokens && *o.max_new_tokens < 1)
     throw std::invalid_argument("--max-new-tokens: must be at least 1");
   const JobConfig job = load_job_config(o.config, o.overrides);
-  const JobOutcome outcome = run_job(job, world, nullptr, [&](CoordinatorContext& c) {
+  const JobPlan plan = plan_job(job, world.size());
+  const JobOutcome outcome = run_job(job, plan, world, nullptr, [&](CoordinatorContext& c) {
     run_coordinator(o, c.job, c.plan, c.shard, c.executor);
   });
   for (size_t r = 0; r < outcome.times.size(); ++r) {

@@ -31,7 +31,7 @@ EngineOptions engine_options(const JobConfig& job, const JobPlan& plan) {
   return eo;
 }
 
-JobOutcome run_job(const JobConfig& job, World& world, TraceRecorder* trace,
+JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, TraceRecorder* trace,
                    const std::function<void(CoordinatorContext&)>& coordinator) {
   set_log_rank(world.rank(), world.size());
   // The engine computes on the CPU in this build; the GPU choice is still checked so that a
@@ -59,7 +59,6 @@ JobOutcome run_job(const JobConfig& job, World& world, TraceRecorder* trace,
   }
   at::set_num_threads(job.runtime.threads);
 
-  const JobPlan plan = plan_job(job, world.size());
   if (plan.dtype != at::kFloat)
     throw std::invalid_argument(job.source + ": model.dtype " + job.model.dtype +
                                 " is not supported on CPU (use float32)");

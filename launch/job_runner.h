@@ -1,7 +1,7 @@
 // JobRunner: one rank's part of a job, shared by `generate` and `bench`.
 //
-// Sets the rank up from a validated job (device check, thread pinning and count, the plan,
-// the communicator before any weight loads, this rank's shard and KV pool), then rank 0
+// Sets the rank up from a validated job and its plan (device check, thread pinning and
+// count, the communicator before any weight loads, this rank's shard and KV pool), then rank 0
 // runs the caller's coordinator over an executor (the whole model, or stage 0 of the
 // pipeline) while every other rank serves its stage until rank 0 shuts the pipeline down.
 // Afterwards every rank's busy/wait/comm times, and the trace when one is recorded, are
@@ -38,7 +38,8 @@ struct JobOutcome {
 
 // With `trace` set, every rank starts it (collectively, just before the run) and records
 // its spans into it; the spans come back in JobOutcome::traces on rank 0.
-JobOutcome run_job(const JobConfig& job, World& world, TraceRecorder* trace,
+// `plan` is plan_job(job, world.size()).
+JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, TraceRecorder* trace,
                    const std::function<void(CoordinatorContext&)>& coordinator);
 
 // Engine options of the job: scheduler limits, cache policies and the context length.

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <utility>
 #include <vector>
 
 namespace kvpipe::testing {
@@ -19,6 +20,17 @@ struct Generated {
   SchedulerStats scheduler;
   PrefixCacheStats prefix;
 };
+
+// A greedy request that generates exactly `max_new` tokens (EOS ignored).
+inline Request make_request(int64_t id, std::vector<int64_t> prompt, int64_t max_new, int64_t arrival = 0) {
+  Request r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.max_new_tokens = max_new;
+  r.arrival_step = arrival;
+  r.ignore_eos = true;
+  return r;
+}
 
 // `options.max_context` is taken from the model.
 inline Generated run_engine(const ModelShard& shard, SchedulerOptions options, int64_t num_blocks,

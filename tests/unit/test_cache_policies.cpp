@@ -15,6 +15,7 @@ namespace {
 
 using kvpipe::testing::Generated;
 using kvpipe::testing::run_engine;
+using kvpipe::testing::make_request;
 
 ModelConfig test_config() {
   ModelConfig c;
@@ -34,16 +35,6 @@ ModelConfig test_config() {
 ModelWeights test_weights(uint64_t seed = 21) {
   const ModelConfig c = test_config();
   return random_weights(c, {{0, c.num_layers}, true, true}, seed, 0.1, at::kFloat);
-}
-
-Request request(int64_t id, std::vector<int64_t> prompt, int64_t max_new, int64_t arrival = 0) {
-  Request r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.max_new_tokens = max_new;
-  r.arrival_step = arrival;
-  r.ignore_eos = true;
-  return r;
 }
 
 std::vector<int64_t> tokens(int64_t len, int64_t salt) {
@@ -131,8 +122,8 @@ TEST(CachePrefixReuse, SameOutputsAndOnlyUnsharedTokensComputed) {
   const ModelShard shard(test_weights());
   const std::vector<int64_t> prefix = tokens(40, 1);  // five blocks of 8
   const std::vector<Request> requests = {
-      request(0, concat(prefix, {1, 2, 3}), 8), request(1, concat(prefix, {4, 5}), 8, 3),
-      request(2, concat(prefix, {6}), 8, 3), request(3, tokens(19, 9), 8, 3)};
+      make_request(0, concat(prefix, {1, 2, 3}), 8), make_request(1, concat(prefix, {4, 5}), 8, 3),
+      make_request(2, concat(prefix, {6}), 8, 3), make_request(3, tokens(19, 9), 8, 3)};
   SchedulerOptions o;
   o.block_size = 8;
   o.prefix_reuse = false;
@@ -153,7 +144,7 @@ TEST(CachePrefixReuse, WholePromptCachedStillComputesItsLastBlock) {
   SchedulerOptions o;
   o.block_size = 8;
   o.prefix_reuse = true;
-  const Generated g = run_engine(shard, o, 32, {request(0, prompt, 4), request(1, prompt, 4, 6)});
+  const Generated g = run_engine(shard, o, 32, {make_request(0, prompt, 4), make_request(1, prompt, 4, 6)});
   EXPECT_EQ(g.tokens.at(0), g.tokens.at(1));
   EXPECT_EQ(g.prefix.hit_tokens, 24);  // the last block is recomputed for its logits
 }
@@ -162,7 +153,7 @@ TEST(CachePrefixReuse, PressureEvictsAndPreemptsWithoutChangingOutputs) {
   const ModelShard shard(test_weights());
   const std::vector<int64_t> prefix = tokens(16, 2);
   std::vector<Request> requests;
-  for (int64_t i = 0; i < 8; ++i) requests.push_back(request(i, concat(prefix, tokens(3 + i, 10 + i)), 20, i));
+  for (int64_t i = 0; i < 8; ++i) requests.push_back(make_request(i, concat(prefix, tokens(3 + i, 10 + i)), 20, i));
   SchedulerOptions o;
   o.block_size = 4;
   o.prefix_reuse = true;
@@ -178,8 +169,8 @@ TEST(CachePrefixReuse, PressureEvictsAndPreemptsWithoutChangingOutputs) {
 
 TEST(CacheLayerReuse, FewerCachedLayersGiveTheSameLogits) {
   const ModelWeights w = test_weights();
-  const std::vector<Request> requests = {request(0, tokens(21, 3), 24), request(1, tokens(5, 4), 30, 2),
-                                         request(2, tokens(40, 5), 12, 4)};
+  const std::vector<Request> requests = {make_request(0, tokens(21, 3), 24), make_request(1, tokens(5, 4), 30, 2),
+                                         make_request(2, tokens(40, 5), 12, 4)};
   SchedulerOptions o;
   o.block_size = 8;
   o.max_tokens_per_step = 16;  // chunked prefill through the recomputed layers too
@@ -206,7 +197,7 @@ void expect_window_matches_reference(int64_t prompt_len, int64_t first_cached, i
   o.max_tokens_per_step = max_tokens_per_step;
   o.full_sequences = first_cached > 0;
   const std::vector<int64_t> prompt = tokens(prompt_len, 6);
-  const Generated g = run_engine(ModelShard(w, first_cached), o, 40, {request(0, prompt, steps)});
+  const Generated g = run_engine(ModelShard(w, first_cached), o, 40, {make_request(0, prompt, steps)});
   ASSERT_EQ(static_cast<int64_t>(g.tokens.at(0).size()), steps);
   const at::Tensor ref =
       kvpipe::testing::full_recompute_logits(w, concat(prompt, g.tokens.at(0)), sinks, recent);

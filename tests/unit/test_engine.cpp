@@ -18,6 +18,8 @@
 namespace kvpipe {
 namespace {
 
+using kvpipe::testing::make_request;
+
 ModelConfig small_config(int64_t heads, int64_t kv_heads, bool qkv_bias = false) {
   ModelConfig c;
   c.architecture = qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
@@ -54,16 +56,6 @@ std::vector<int64_t> prompt_of(int64_t len, int64_t salt, int64_t vocab) {
   std::vector<int64_t> p(len);
   for (int64_t i = 0; i < len; ++i) p[i] = (i * 31 + salt * 17 + 3) % vocab;
   return p;
-}
-
-Request make_request(int64_t id, std::vector<int64_t> prompt, int64_t max_new, int64_t arrival = 0) {
-  Request r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.max_new_tokens = max_new;
-  r.arrival_step = arrival;
-  r.ignore_eos = true;
-  return r;
 }
 
 class CachedDecode : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t>> {};
@@ -155,7 +147,7 @@ TEST(EngineCache, NoCacheTensorIsAllocatedInTheStepLoop) {
   engine.run();
   EXPECT_EQ(BlockPool::tensors_allocated(), before);
   EXPECT_EQ(pool.keys(0).data_ptr(), storage);
-  EXPECT_GE(engine.stats().steps, 40);  // one prefill step, then 39 decode steps
+  EXPECT_GE(engine.stats().steps(), 40);  // one prefill step, then 39 decode steps
 }
 
 TEST(EngineCache, PressurePreemptsAndKeepsOutputs) {
