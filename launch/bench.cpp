@@ -9,6 +9,7 @@
 #include "launch/op_profiler.h"
 #include "launch/signals.h"
 #include "launch/workload.h"
+#include "parallel/communicator.h"
 
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <nlohmann/json.hpp>
@@ -235,10 +236,11 @@ ordered_json make_report(const ReportInputs& in) {
                       {"compiler", KVPIPE_COMPILER},
                       {"torch", TORCH_VERSION},
 #ifdef KVPIPE_HAVE_NCCL
-                      {"nccl", true}};
+                      {"nccl", true},
 #else
-                      {"nccl", false}};
+                      {"nccl", false},
 #endif
+                      {"nccl_version", nccl_version()}};
   report["machine"] = {{"hostname", host_name()},
                        {"cpu", cpu_model()},
                        {"cores", std::thread::hardware_concurrency()},

@@ -328,7 +328,8 @@ class Validator {
   }
 
   std::vector<Field> runtime_fields(RuntimeSection& r) {
-    return {{"threads", integer(&r.threads, 1, kIntMax)},
+    return {{"device", choice(&r.device, {"auto", "cpu", "cuda"})},
+            {"threads", integer(&r.threads, 1, kIntMax)},
             {"memory", runtime_memory(&r)},
             {"share_gpu", boolean(&r.share_gpu)},
             {"pin_threads", boolean(&r.pin_threads)}};

@@ -34,6 +34,7 @@ struct ModelSection {
 };
 
 struct RuntimeSection {
+  std::string device = "auto";          // auto | cpu | cuda
   int threads = 1;
   std::optional<int64_t> memory_bytes;  // nullopt = auto (the device's memory) or a share
   std::optional<double> memory_share;   // `90%`: that share of the device's memory

@@ -34,7 +34,15 @@ EngineOptions engine_options(const JobConfig& job, const JobPlan& plan) {
 JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, TraceRecorder* trace,
                    const std::function<void(CoordinatorContext&)>& coordinator) {
   set_log_rank(world.rank(), world.size());
-  // The engine computes on the CPU in this build; the GPU choice is still checked so that a
+  if (job.runtime.device == "cuda") {
+    const std::string why = cuda_unavailable_reason();
+    if (!why.empty())
+      throw std::invalid_argument(job.source + ": runtime.device: cuda, but rank " +
+                                  std::to_string(world.rank()) + " cannot use a GPU: " + why);
+    throw std::invalid_argument(job.source + ": runtime.device: cuda: this version of kvpipe "
+                                "computes on the CPU only; use runtime.device: cpu or auto");
+  }
+  // The engine computes on the CPU in this version; the GPU choice is still checked so that a
   // job file that would put two ranks on one GPU fails the same way everywhere.
   const int local_ranks = local_rank_count_from_env();
   const std::string device = choose_device(world.local_rank(), local_ranks,

@@ -43,6 +43,13 @@ std::unique_ptr<Communicator> make_nccl_communicator(const World& world);
 // Whether this build has the NCCL backend and this process sees a CUDA device.
 bool cuda_device_available();
 
+// The NCCL this process runs (ncclGetVersion: 22809 for 2.28.9), or 0 in a build without it.
+int nccl_version();
+
+// Empty when this process can use a CUDA device; otherwise why not, in words a user can act
+// on (no driver, no device, CUDA_VISIBLE_DEVICES hides them all, ...).
+std::string cuda_unavailable_reason();
+
 // `backend` is auto | mpi | nccl; auto picks NCCL when tensors live on a GPU (a CUDA
 // device is present and LibTorch can use it), MPI otherwise.
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, const World& world);

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <mpi.h>
 
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -84,6 +85,21 @@ bool cuda_device_available() {
   return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
 }
 
+int nccl_version() {
+  int version = 0;
+  return ncclGetVersion(&version) == ncclSuccess ? version : 0;
+}
+
+std::string cuda_unavailable_reason() {
+  int devices = 0;
+  const cudaError_t err = cudaGetDeviceCount(&devices);
+  if (err != cudaSuccess) return std::string("the CUDA runtime reports: ") + cudaGetErrorString(err);
+  if (devices > 0) return "";
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  return visible ? "no CUDA device is visible (CUDA_VISIBLE_DEVICES=" + std::string(visible) + ")"
+                 : "no CUDA device is present";
+}
+
 std::unique_ptr<Communicator> make_nccl_communicator(const World& world) {
   int devices = 0;
   const cudaError_t err = cudaGetDeviceCount(&devices);
@@ -103,6 +119,10 @@ std::unique_ptr<Communicator> make_nccl_communicator(const World& world) {
 namespace kvpipe {
 
 bool cuda_device_available() { return false; }
+
+int nccl_version() { return 0; }
+
+std::string cuda_unavailable_reason() { return "kvpipe was built without the CUDA runtime"; }
 
 std::unique_ptr<Communicator> make_nccl_communicator(const World&) {
   throw std::invalid_argument("parallel.backend: nccl is not available: kvpipe was built without CUDA/NCCL");

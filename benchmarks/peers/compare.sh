@@ -7,8 +7,8 @@
 # The model is written once by `kvpipe init-model --format gguf --preset small` (the weights of
 # `dummy:small`), and both engines read that file. kvpipe: decode = 1000 / tpot_ms over 128 new
 # tokens after a 16-token prompt, prefill = 512000 / ttft_ms of a 512-token prompt.
-# llama.cpp: llama-bench (built by build_llama_bench.sh from the source node-llama-cpp
-# bundles) tg128 and pp512. Each run measures the two engines back to back; medians over runs
+# llama.cpp: llama-bench (built by build_llama_cpp.sh from the source the pinned
+# llama-cpp-python sdist ships) tg128 and pp512. Each run measures the two engines back to back; medians over runs
 # are printed as a Markdown table.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,15 +20,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 kvpipe=build/release/launch/kvpipe
-bench=benchmarks/peers/llama-cpp/build/bin/llama-bench
-[ -x "$kvpipe" ] || { echo "compare: build first (scripts/build.sh)" >&2; exit 2; }
-peer="llama-bench"
-if [ ! -x "$bench" ]; then
-  # Fallback: the prebuilt library through node-llama-cpp (includes the binding's overhead).
-  [ -d benchmarks/peers/llama-cpp/node_modules/node-llama-cpp ] ||
-    { echo "compare: run scripts/setup.sh (and benchmarks/peers/build_llama_bench.sh)" >&2; exit 2; }
-  peer="node-llama-cpp (llama-bench not built)"
-fi
+bench=benchmarks/peers/llama.cpp/bin/llama-bench
+[ -x "$bench" ] || { echo "compare: build llama-bench first (benchmarks/peers/build_llama_cpp.sh)" >&2; exit 2; }
+peer="llama-bench ($(cat benchmarks/peers/llama.cpp/version 2>/dev/null | sed 's/^/llama-cpp-python /'))"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$kvpipe" init-model --format gguf --preset small --out "$tmp/small.gguf" >/dev/null 2>&1
@@ -51,17 +45,12 @@ YAML
     "$kvpipe" generate --config "$tmp/job.yaml" --prompt-ids "$(ids 512)" --max-new-tokens 1 \
       >"$tmp/out" 2>"$tmp/err" || { echo "compare: kvpipe generate failed:" >&2; tail -n 3 "$tmp/err" >&2; exit 1; }
     ttft=$(field ttft_ms <"$tmp/out")
-    if [ -x "$bench" ]; then
-      "$bench" -m "$tmp/small.gguf" -t "$threads" -p 512 -n 128 -r 1 -o json >"$tmp/ll.json" 2>/dev/null
-      read -r ll_pp ll_tg < <(python3 -c '
+    "$bench" -m "$tmp/small.gguf" -t "$threads" -p 512 -n 128 -r 1 -o json >"$tmp/ll.json" 2>/dev/null
+    read -r ll_pp ll_tg < <(python3 -c '
 import json, sys
 rows = json.load(open(sys.argv[1]))
 ts = {(r["n_prompt"], r["n_gen"]): r["avg_ts"] for r in rows}
 print(ts[(512, 0)], ts[(0, 128)])' "$tmp/ll.json")
-    else
-      read -r ll_pp ll_tg < <(node benchmarks/peers/llama_timing.mjs --model "$tmp/small.gguf" --threads "$threads" |
-        python3 -c 'import json, sys; j = json.loads(sys.stdin.read()); print(j["pp512_tok_s"], j["decode_tok_s"])')
-    fi
     awk -v t="$threads" -v r="$r" -v tpot="$tpot" -v ttft="$ttft" -v pp="$ll_pp" -v tg="$ll_tg" \
       'BEGIN { printf "%d %d %.1f %.1f %.1f %.1f\n", t, r, 1000 / tpot, 512000 / ttft, tg, pp }' >>"$tmp/rows"
   done

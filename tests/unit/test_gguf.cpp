@@ -142,7 +142,9 @@ TEST_F(GgufTest, WeightsMatchHfLayoutAfterUnpermutation) {
         EXPECT_TRUE(at::equal(g.layer[i].input_norm, h.layer[i].input_norm));
         EXPECT_TRUE(at::equal(g.layer[i].post_norm, h.layer[i].post_norm));
         EXPECT_EQ(g.layer[i].qkv_bias.defined(), c.qkv_bias);
-        if (c.qkv_bias) EXPECT_TRUE(at::equal(g.layer[i].qkv_bias, h.layer[i].qkv_bias));
+        if (c.qkv_bias) {
+          EXPECT_TRUE(at::equal(g.layer[i].qkv_bias, h.layer[i].qkv_bias));
+        }
       }
       GgufFile f(file);
       EXPECT_EQ(f.contains("output.weight"), !tie);

