@@ -1,6 +1,7 @@
 #include "engine/layers.h"
 
 #include "engine/gemv.h"
+#include "engine/kernels/cpu/blas_gemm.h"
 
 #include <ATen/ATen.h>
 
@@ -40,6 +41,7 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& positions, const Ro
 at::Tensor dense(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   if (x.size(0) == 1 && x.is_cpu()) return gemv(weight, x[0], bias).unsqueeze(0);
   if (x.size(0) <= kGemvRowsLimit && x.is_cpu()) return gemv_rows(weight, x, bias);
+  if (x.is_cpu()) return cpu_linear(x, weight, bias);
   return bias.defined() ? at::addmm(bias, x, weight.t()) : at::mm(x, weight.t());
 }
 
@@ -58,7 +60,7 @@ at::Tensor attention_block(const at::Tensor& q, const at::Tensor& kt, const at::
   const int64_t group = heads / kv_heads;
   // [kv_heads, group * n, hd]: query heads sharing a kv head become rows of one product.
   const at::Tensor qg = q.reshape({n, kv_heads, group, hd}).permute({1, 2, 0, 3}).reshape({kv_heads, group * n, hd});
-  at::Tensor scores = at::bmm(qg, kt).mul_(scale).view({kv_heads, group, n, L});
+  at::Tensor scores = cpu_bmm(qg, kt).mul_(scale).view({kv_heads, group, n, L});
   if (n > 1) {
     const at::Tensor qp = q_positions.unsqueeze(1), kp = k_positions.unsqueeze(0);
     at::Tensor hidden = kp > qp;
@@ -66,7 +68,7 @@ at::Tensor attention_block(const at::Tensor& q, const at::Tensor& kt, const at::
     scores.masked_fill_(hidden, -std::numeric_limits<float>::infinity());
   }
   const at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(q.scalar_type());
-  const at::Tensor out = at::bmm(probs.view({kv_heads, group * n, L}), vt);
+  const at::Tensor out = cpu_bmm(probs.view({kv_heads, group * n, L}), vt);
   return out.view({kv_heads, group, n, hd}).permute({2, 0, 1, 3}).reshape({n, heads * hd});
 }
 

@@ -1,5 +1,6 @@
 #include "launch/bench.h"
 
+#include "engine/kernels/cpu/blas_gemm.h"
 #include "launch/bench_report.h"
 #include "launch/device_plan.h"
 #include "launch/job_config.h"
@@ -240,7 +241,8 @@ ordered_json make_report(const ReportInputs& in) {
 #else
                       {"nccl", false},
 #endif
-                      {"nccl_version", nccl_version()}};
+                      {"nccl_version", nccl_version()},
+                      {"cpu_blas", cpu_blas_name()}};
   report["machine"] = {{"hostname", host_name()},
                        {"cpu", cpu_model()},
                        {"cores", std::thread::hardware_concurrency()},

@@ -2,6 +2,7 @@
 
 #include "cache/block_pool.h"
 #include "engine/model_shard.h"
+#include "engine/kernels/cpu/blas_gemm.h"
 #include "engine/model_weights.h"
 #include "engine/pipeline_executor.h"
 #include "launch/device_plan.h"
@@ -9,6 +10,7 @@
 #include "parallel/communicator.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 #include <ATen/Parallel.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 
@@ -34,6 +36,10 @@ EngineOptions engine_options(const JobConfig& job, const JobPlan& plan) {
 JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, TraceRecorder* trace,
                    const std::function<void(CoordinatorContext&)>& coordinator) {
   set_log_rank(world.rank(), world.size());
+  // No autograd: every tensor of a job is made and used under inference mode, which skips
+  // the autograd and version-counter bookkeeping of each LibTorch call (a decode step makes
+  // hundreds of small ones).
+  c10::InferenceMode inference_mode;
   if (job.runtime.device == "cuda") {
     const std::string why = cuda_unavailable_reason();
     if (!why.empty())
@@ -66,6 +72,7 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
     }
   }
   at::set_num_threads(job.runtime.threads);
+  set_cpu_blas_threads(job.runtime.threads);
 
   if (plan.dtype != at::kFloat)
     throw std::invalid_argument(job.source + ": model.dtype " + job.model.dtype +

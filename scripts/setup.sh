@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs kvpipe's build and test dependencies. Idempotent: a second run installs nothing.
-#   1. Debian 12 packages (compiler, CMake, Open MPI, yaml-cpp, JSON, CLI11, GoogleTest, ...).
+#   1. Debian 12 packages (compiler, CMake, Open MPI, yaml-cpp, JSON, CLI11, GoogleTest,
+#      OpenBLAS, ...).
 #   2. A Python virtual environment in .venv (git-ignored) with the pinned packages of
 #      scripts/requirements.txt: LibTorch comes from PyPI's torch wheel (a CUDA 13.0 build),
 #      llama.cpp from llama-cpp-python's sdist (compiled here), transformers and gguf as
@@ -13,6 +14,7 @@ packages=(
   build-essential cmake ccache pkg-config git
   libopenmpi-dev openmpi-bin
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libgtest-dev
+  libopenblas-pthread-dev   # float32 GEMM where it beats LibTorch's MKL (AMD processors)
   python3 python3-venv gnuplot-nox   # the environment below; benchmarks/sweep plots
 )
 

@@ -236,7 +236,7 @@ TEST_F(BenchRun, ReportHasEveryFieldAndConsistentNumbers) {
                           "workload", "requests", "duration_s", "throughput", "latency_ms", "steps",
                           "decode_weight_bytes", "ranks", "kv_cache", "files"})
     EXPECT_TRUE(rep.contains(key)) << key;
-  for (const char* key : {"version", "git", "build_type", "compiler", "torch", "nccl"})
+  for (const char* key : {"version", "git", "build_type", "compiler", "torch", "nccl", "nccl_version", "cpu_blas"})
     EXPECT_TRUE(rep["kvpipe"].contains(key)) << key;
   for (const char* key : {"hostname", "cpu", "cores", "memory_bytes", "gpus"}) EXPECT_TRUE(rep["machine"].contains(key)) << key;
   EXPECT_EQ(rep["world_size"], 1);
