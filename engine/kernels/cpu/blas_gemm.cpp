@@ -27,6 +27,8 @@ bool use_openblas() {
   return use;
 }
 
+constexpr int64_t kMinBmmRowsForOpenBlas = 32;
+
 // A row-major float32 matrix whose rows are `ld` apart (the inner dimension contiguous).
 bool row_major(const at::Tensor& t) {
   return t.scalar_type() == at::kFloat && t.is_cpu() && t.dim() == 2 && t.stride(1) == 1 &&
@@ -66,7 +68,9 @@ at::Tensor cpu_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor
 }
 
 at::Tensor cpu_bmm(const at::Tensor& a, const at::Tensor& c) {
-  if (!use_openblas() || a.scalar_type() != at::kFloat || c.scalar_type() != at::kFloat || !a.is_cpu() ||
+  // Decode's products (a few query rows per KV head) are call overhead more than arithmetic:
+  // LibTorch's batched kernel serves them in one call.
+  if (!use_openblas() || a.dim() != 3 || a.size(1) < kMinBmmRowsForOpenBlas || a.scalar_type() != at::kFloat || c.scalar_type() != at::kFloat || !a.is_cpu() ||
       !c.is_cpu() || a.dim() != 3 || c.dim() != 3 || a.size(0) != c.size(0) || a.size(2) != c.size(1))
     return at::bmm(a, c);
   const int64_t batch = a.size(0), n = a.size(1), k = a.size(2), m = c.size(2);

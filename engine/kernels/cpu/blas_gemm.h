@@ -22,6 +22,7 @@ namespace kvpipe {
 at::Tensor cpu_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias = {});
 
 // a [b, n, k] and c [b, k, m] (any strides LibTorch's bmm accepts); returns [b, n, m] = a c.
+// Products of fewer than 32 rows (decode's) stay with LibTorch.
 at::Tensor cpu_bmm(const at::Tensor& a, const at::Tensor& c);
 
 // The library cpu_linear and cpu_bmm use on this processor: "openblas" or "torch".
