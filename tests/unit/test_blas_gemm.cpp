@@ -4,6 +4,7 @@
 #include "tests/support/logprob_compare.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
@@ -41,6 +42,21 @@ TEST(CpuBlasGemm, LinearMatchesFloat64) {
   }
 }
 
+// Split over LibTorch's threads, each slice a single-threaded OpenBLAS call: same values.
+TEST(CpuBlasGemm, ThreadsSplitTheOutput) {
+  use_openblas();
+  at::manual_seed(3);
+  const at::Tensor x = at::randn({200, 160}), w = at::randn({1000, 160}), b = at::randn({1000});
+  const at::Tensor q = at::randn({4, 64, 32}), kt = at::randn({4, 32, 90});
+  const at::Tensor one = cpu_linear(x, w, b), one_bmm = cpu_bmm(q, kt);
+  at::set_num_threads(2);
+  const at::Tensor two = cpu_linear(x, w, b), two_bmm = cpu_bmm(q, kt);
+  at::set_num_threads(1);
+  EXPECT_LT((one - two).abs().max().item<float>(), 1e-5);
+  EXPECT_LT((one_bmm - two_bmm).abs().max().item<float>(), 1e-5);
+  EXPECT_LT(max_error(two, at::addmm(b.to(at::kDouble), x.to(at::kDouble), w.to(at::kDouble).t())), 1e-4);
+}
+
 TEST(CpuBlasGemm, BmmMatchesFloat64ForEveryLayout) {
   use_openblas();
   at::manual_seed(2);
@@ -63,11 +79,14 @@ TEST(CpuBlasGemm, BmmMatchesFloat64ForEveryLayout) {
   EXPECT_EQ(cpu_bmm(q.narrow(1, 0, 0), kt).sizes(), (at::IntArrayRef{heads, 0, L}));
 }
 
-TEST(CpuBlasGemm, OpenBlasOnProcessorsThatAreNotIntels) {
+TEST(CpuBlasGemm, OpenBlasOnOneThreadOfProcessorsThatAreNotIntels) {
   __builtin_cpu_init();
   const char* forced = std::getenv("KVPIPE_CPU_BLAS");
   if (!forced || !*forced) {
     EXPECT_EQ(cpu_blas_name(), __builtin_cpu_is("intel") ? "torch" : "openblas");
+    set_cpu_blas_threads(2);  // several threads: LibTorch's MKL scales over them
+    EXPECT_EQ(cpu_blas_name(), "torch");
+    set_cpu_blas_threads(1);
   }
   // The cblas_sgemm this process calls is OpenBLAS's, not one exported by LibTorch's MKL.
   void* sym = dlsym(RTLD_DEFAULT, "cblas_sgemm");

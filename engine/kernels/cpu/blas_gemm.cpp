@@ -1,8 +1,11 @@
 #include "engine/kernels/cpu/blas_gemm.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <cblas.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -12,22 +15,34 @@ extern "C" void openblas_set_num_threads(int);
 namespace kvpipe {
 namespace {
 
-bool use_openblas() {
-  static const bool use = [] {
+enum class BlasChoice { kByProcessor, kOpenBlas, kTorch };
+
+BlasChoice blas_choice() {
+  static const BlasChoice choice = [] {
     const char* forced = std::getenv("KVPIPE_CPU_BLAS");
-    if (forced && *forced) {
-      if (std::strcmp(forced, "openblas") == 0) return true;
-      if (std::strcmp(forced, "torch") == 0) return false;
-      throw std::invalid_argument(std::string("KVPIPE_CPU_BLAS: '") + forced +
-                                  "' is not openblas or torch");
-    }
-    __builtin_cpu_init();
-    return !__builtin_cpu_is("intel");
+    if (!forced || !*forced) return BlasChoice::kByProcessor;
+    if (std::strcmp(forced, "openblas") == 0) return BlasChoice::kOpenBlas;
+    if (std::strcmp(forced, "torch") == 0) return BlasChoice::kTorch;
+    throw std::invalid_argument(std::string("KVPIPE_CPU_BLAS: '") + forced + "' is not openblas or torch");
   }();
-  return use;
+  return choice;
+}
+
+std::atomic<int> g_threads{1};
+
+bool use_openblas() {
+  switch (blas_choice()) {
+    case BlasChoice::kOpenBlas: return true;
+    case BlasChoice::kTorch: return false;
+    case BlasChoice::kByProcessor: break;
+  }
+  __builtin_cpu_init();
+  return !__builtin_cpu_is("intel") && g_threads.load(std::memory_order_relaxed) == 1;
 }
 
 constexpr int64_t kMinBmmRowsForOpenBlas = 32;
+// Output columns below which splitting a product over threads costs more than it saves.
+constexpr int64_t kMinColumnsPerThread = 128;
 
 // A row-major float32 matrix whose rows are `ld` apart (the inner dimension contiguous).
 bool row_major(const at::Tensor& t) {
@@ -37,13 +52,13 @@ bool row_major(const at::Tensor& t) {
 
 }  // namespace
 
-const std::string& cpu_blas_name() {
-  static const std::string name = use_openblas() ? "openblas" : "torch";
-  return name;
-}
+std::string cpu_blas_name() { return use_openblas() ? "openblas" : "torch"; }
 
 void set_cpu_blas_threads(int threads) {
-  if (use_openblas()) openblas_set_num_threads(threads);
+  g_threads.store(threads, std::memory_order_relaxed);
+  // OpenBLAS's own pool would compete with LibTorch's (whose idle threads spin for a while
+  // after each parallel region): OpenBLAS runs single-threaded inside LibTorch's threads.
+  if (blas_choice() != BlasChoice::kTorch) openblas_set_num_threads(1);
 }
 
 at::Tensor cpu_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
@@ -61,9 +76,16 @@ at::Tensor cpu_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   } else {
     y = at::empty({n, m}, x.options());
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1.0f, x.data_ptr<float>(),
-              static_cast<int>(x.stride(0)), w.data_ptr<float>(), static_cast<int>(w.stride(0)), beta,
-              y.data_ptr<float>(), m);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int ldx = static_cast<int>(x.stride(0)), ldw = static_cast<int>(w.stride(0));
+  // Each of LibTorch's intra-op threads computes a slice of the output columns (rows of w)
+  // with a single-threaded OpenBLAS call, so that one pool of threads runs everything.
+  at::parallel_for(0, m, kMinColumnsPerThread, [&](int64_t begin, int64_t end) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, static_cast<int>(end - begin), k, 1.0f, xp, ldx,
+                wp + begin * ldw, ldw, beta, yp + begin, m);
+  });
   return y;
 }
 
@@ -77,21 +99,32 @@ at::Tensor cpu_bmm(const at::Tensor& a, const at::Tensor& c) {
   at::Tensor y = at::empty({batch, n, m}, a.options());
   if (batch == 0 || n == 0 || m == 0) return y;
   if (k == 0) return y.zero_();
-  for (int64_t b = 0; b < batch; ++b) {
-    const at::Tensor ab = a[b], cb = c[b];
-    // Either operand may be transposed in memory (K^T is a view of K): tell BLAS so.
-    const bool a_rows = ab.stride(1) == 1, c_rows = cb.stride(1) == 1;
-    const at::Tensor ac = a_rows || ab.stride(0) == 1 ? ab : ab.contiguous();
-    const at::Tensor cc = c_rows || cb.stride(0) == 1 ? cb : cb.contiguous();
-    const bool at_ = ac.stride(1) != 1, ct = cc.stride(1) != 1;
-    const int lda = static_cast<int>(at_ ? ac.stride(1) : ac.stride(0));
-    const int ldc = static_cast<int>(ct ? cc.stride(1) : cc.stride(0));
-    if (lda < (at_ ? n : k) || ldc < (ct ? k : m) || lda < 1 || ldc < 1)
-      return at::bmm(a, c);  // a layout BLAS cannot express: let LibTorch copy as it likes
-    cblas_sgemm(CblasRowMajor, at_ ? CblasTrans : CblasNoTrans, ct ? CblasTrans : CblasNoTrans,
-                static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), 1.0f, ac.data_ptr<float>(), lda,
-                cc.data_ptr<float>(), ldc, 0.0f, y[b].data_ptr<float>(), static_cast<int>(m));
-  }
+  // Each matrix is either row-major or transposed in memory (K^T is a view of K): tell BLAS
+  // which, and copy only a layout that is neither. Every batch entry shares the layout.
+  const auto layout = [](const at::Tensor& t, at::Tensor& use, bool& transposed) {
+    use = t;
+    transposed = false;
+    if (t.stride(2) == 1) return t.stride(1);
+    if (t.stride(1) == 1) return transposed = true, t.stride(2);
+    use = t.contiguous();
+    return use.stride(1);
+  };
+  at::Tensor ac, cc;
+  bool a_t = false, c_t = false;
+  const int64_t lda = layout(a, ac, a_t), ldc = layout(c, cc, c_t);
+  if (lda < std::max<int64_t>(1, a_t ? n : k) || ldc < std::max<int64_t>(1, c_t ? k : m))
+    return at::bmm(a, c);  // overlapping rows: a layout BLAS cannot express
+  const float* ap = ac.data_ptr<float>();
+  const float* cp = cc.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int64_t sa = ac.stride(0), sc = cc.stride(0);
+  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      cblas_sgemm(CblasRowMajor, a_t ? CblasTrans : CblasNoTrans, c_t ? CblasTrans : CblasNoTrans,
+                  static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), 1.0f, ap + i * sa,
+                  static_cast<int>(lda), cp + i * sc, static_cast<int>(ldc), 0.0f, yp + i * n * m,
+                  static_cast<int>(m));
+  });
   return y;
 }
 
