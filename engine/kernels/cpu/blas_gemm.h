@@ -4,7 +4,7 @@
 //
 // LibTorch's PyPI wheels send float32 GEMM to Intel MKL, which on AMD processors runs 20-40%
 // below OpenBLAS on one thread for the shapes of a transformer's prefill (measured: 45-65 vs
-// 70-80 GFLOP/s on one Zen 4 core for 512 x 1024 x 1024..8192), but scales well over
+// 70-80 GFLOP/s on one AMD EPYC (Zen 3) core for 512 x 1024 x 1024..8192), but scales well over
 // LibTorch's threads, where OpenBLAS beside them does not (2 threads, 512-token prefill of
 // the small preset: MKL 444 tokens/s, OpenBLAS 300). So these products go to OpenBLAS
 // (Debian's pthread build, called single-threaded from LibTorch's intra-op threads) on
