@@ -80,10 +80,7 @@ class NcclCommunicator : public Communicator {
 
 }  // namespace
 
-bool cuda_device_available() {
-  int devices = 0;
-  return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
-}
+bool cuda_device_available() { return cuda_unavailable_reason().empty(); }
 
 int nccl_version() {
   int version = 0;
@@ -101,12 +98,10 @@ std::string cuda_unavailable_reason() {
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(const World& world) {
-  int devices = 0;
-  const cudaError_t err = cudaGetDeviceCount(&devices);
-  if (err != cudaSuccess || devices == 0)
-    throw std::invalid_argument(std::string("parallel.backend: nccl needs a CUDA GPU, and rank ") +
-                                std::to_string(world.rank()) + " sees none (" +
-                                (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices") + ")");
+  const std::string why = cuda_unavailable_reason();
+  if (!why.empty())
+    throw std::invalid_argument("parallel.backend: nccl needs a CUDA GPU, and rank " +
+                                std::to_string(world.rank()) + " has none usable (" + why + ")");
   if (!at::hasCUDA())
     throw std::invalid_argument("parallel.backend: nccl needs a CUDA-enabled LibTorch; this one is CPU-only");
   return std::make_unique<NcclCommunicator>(world);

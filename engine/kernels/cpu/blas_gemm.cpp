@@ -36,8 +36,11 @@ bool use_openblas() {
     case BlasChoice::kTorch: return false;
     case BlasChoice::kByProcessor: break;
   }
-  __builtin_cpu_init();
-  return !__builtin_cpu_is("intel") && g_threads.load(std::memory_order_relaxed) == 1;
+  static const bool intel = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel") != 0;
+  }();
+  return !intel && g_threads.load(std::memory_order_relaxed) == 1;
 }
 
 constexpr int64_t kMinBmmRowsForOpenBlas = 32;
@@ -92,8 +95,9 @@ at::Tensor cpu_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor
 at::Tensor cpu_bmm(const at::Tensor& a, const at::Tensor& c) {
   // Decode's products (a few query rows per KV head) are call overhead more than arithmetic:
   // LibTorch's batched kernel serves them in one call.
-  if (!use_openblas() || a.dim() != 3 || a.size(1) < kMinBmmRowsForOpenBlas || a.scalar_type() != at::kFloat || c.scalar_type() != at::kFloat || !a.is_cpu() ||
-      !c.is_cpu() || a.dim() != 3 || c.dim() != 3 || a.size(0) != c.size(0) || a.size(2) != c.size(1))
+  if (!use_openblas() || a.dim() != 3 || c.dim() != 3 || a.size(1) < kMinBmmRowsForOpenBlas ||
+      a.scalar_type() != at::kFloat || c.scalar_type() != at::kFloat || !a.is_cpu() || !c.is_cpu() ||
+      a.size(0) != c.size(0) || a.size(2) != c.size(1))
     return at::bmm(a, c);
   const int64_t batch = a.size(0), n = a.size(1), k = a.size(2), m = c.size(2);
   at::Tensor y = at::empty({batch, n, m}, a.options());
