@@ -1,0 +1,101 @@
+#include "engine/kernels/cpu/quant_types.h"
+
+#include "engine/kernels/cpu/quant_impl.h"
+
+#include <cstdlib>
+#include <stdexcept>
+
+namespace kvpipe {
+namespace {
+
+bool is_k_type(QuantType t) { return t == QuantType::Q4_K || t == QuantType::Q5_K || t == QuantType::Q6_K; }
+
+bool detect_avx2() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  // Every processor with AVX2 and FMA has F16C; clang's __builtin_cpu_supports cannot name it.
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+// KVPIPE_CPU_KERNELS=portable forces the portable kernels (to compare, or to rule the vector
+// code out when a result looks wrong).
+bool quant_impl::use_avx2() {
+  static const bool use = [] {
+    const char* env = std::getenv("KVPIPE_CPU_KERNELS");
+    if (env != nullptr && std::string(env) == "portable") return false;
+    return detect_avx2();
+  }();
+  return use;
+}
+
+const QuantTraits& quant_traits(QuantType type) {
+  // Block sizes and byte counts are ggml's (ggml-common.h), which the files are written in.
+  static const QuantTraits traits[] = {
+      {"F32", 0, 1, 4, ActivationType::F32},          {"F16", 1, 1, 2, ActivationType::F32},
+      {"BF16", 30, 1, 2, ActivationType::F32},        {"Q8_0", 8, 32, 34, ActivationType::Q8_0},
+      {"Q4_0", 2, 32, 18, ActivationType::Q8_0},      {"Q4_1", 3, 32, 20, ActivationType::Q8_1},
+      {"Q4_K", 12, 256, 144, ActivationType::Q8_K},   {"Q5_K", 13, 256, 176, ActivationType::Q8_K},
+      {"Q6_K", 14, 256, 210, ActivationType::Q8_K},
+  };
+  return traits[static_cast<int>(type)];
+}
+
+std::optional<QuantType> quant_type_from_ggml(uint32_t ggml_type) {
+  for (QuantType t : {QuantType::F32, QuantType::F16, QuantType::BF16, QuantType::Q8_0, QuantType::Q4_0,
+                      QuantType::Q4_1, QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K})
+    if (quant_traits(t).ggml_type == ggml_type) return t;
+  return std::nullopt;
+}
+
+bool quant_row_fits(QuantType type, int64_t cols) { return cols > 0 && cols % quant_traits(type).block_values == 0; }
+
+int64_t quant_row_bytes(QuantType type, int64_t cols) {
+  const QuantTraits& t = quant_traits(type);
+  return cols / t.block_values * t.block_bytes;
+}
+
+int64_t activation_row_bytes(ActivationType type, int64_t cols) {
+  switch (type) {
+    case ActivationType::F32: return 4 * cols;
+    case ActivationType::Q8_0: return cols / 32 * 34;
+    case ActivationType::Q8_1: return cols / 32 * 36;
+    case ActivationType::Q8_K: return cols / 256 * 292;
+  }
+  return 0;
+}
+
+void quantize_activation_row(ActivationType type, const float* x, void* dst, int64_t cols) {
+  if (type == ActivationType::Q8_K) return quant_impl::k_quantize_activation_row(x, dst, cols);
+  quant_impl::legacy_quantize_activation_row(type, x, dst, cols);
+}
+
+void dequantize_activation_row(ActivationType type, const void* src, float* dst, int64_t cols) {
+  if (type == ActivationType::Q8_K) return quant_impl::k_dequantize_activation_row(src, dst, cols);
+  quant_impl::legacy_dequantize_activation_row(type, src, dst, cols);
+}
+
+void dequantize_row(QuantType type, const void* src, float* dst, int64_t cols) {
+  if (is_k_type(type)) return quant_impl::k_dequantize_row(type, src, dst, cols);
+  quant_impl::legacy_dequantize_row(type, src, dst, cols);
+}
+
+DotKernel portable_dot_kernel(QuantType type) {
+  return is_k_type(type) ? quant_impl::k_portable_kernel(type) : quant_impl::legacy_portable_kernel(type);
+}
+
+DotKernel dot_kernel(QuantType type) {
+  if (quant_impl::use_avx2()) {
+    const DotKernel k = is_k_type(type) ? quant_impl::k_avx2_kernel(type) : quant_impl::legacy_avx2_kernel(type);
+    if (k != nullptr) return k;
+  }
+  return portable_dot_kernel(type);
+}
+
+const char* dot_kernel_isa() { return quant_impl::use_avx2() ? "avx2" : "portable"; }
+
+}  // namespace kvpipe
