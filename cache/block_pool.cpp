@@ -8,16 +8,66 @@
 namespace kvpipe {
 namespace {
 std::atomic<int64_t> g_tensors_allocated{0};
+constexpr int64_t kQ8Group = 32;
+}
+
+KvDtype parse_kv_dtype(const std::string& name, const std::string& what) {
+  if (name == "float32") return KvDtype::kFloat32;
+  if (name == "float16") return KvDtype::kFloat16;
+  if (name == "bfloat16") return KvDtype::kBFloat16;
+  if (name == "q8_0") return KvDtype::kQ8_0;
+  throw std::invalid_argument(what + ": unknown KV dtype '" + name + "' (float32, float16, bfloat16, q8_0)");
+}
+
+std::string kv_dtype_name(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::kFloat32: return "float32";
+    case KvDtype::kFloat16: return "float16";
+    case KvDtype::kBFloat16: return "bfloat16";
+    case KvDtype::kQ8_0: return "q8_0";
+  }
+  return "?";
+}
+
+at::ScalarType kv_storage_scalar_type(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::kFloat32: return at::kFloat;
+    case KvDtype::kFloat16: return at::kHalf;
+    case KvDtype::kBFloat16: return at::kBFloat16;
+    case KvDtype::kQ8_0: return at::kChar;
+  }
+  return at::kFloat;
+}
+
+int64_t kv_row_bytes(KvDtype dtype, int64_t head_dim) {
+  if (dtype == KvDtype::kQ8_0) return head_dim + head_dim / kQ8Group * 2;
+  return head_dim * static_cast<int64_t>(c10::elementSize(kv_storage_scalar_type(dtype)));
 }
 
 BlockPool::BlockPool(const KvShape& shape, int64_t num_blocks, at::ScalarType dtype,
                      at::Device device)
-    : shape_(shape), num_blocks_(num_blocks) {
+    : BlockPool(shape, num_blocks, dtype, device,
+                dtype == at::kHalf       ? KvDtype::kFloat16
+                : dtype == at::kBFloat16 ? KvDtype::kBFloat16
+                                         : KvDtype::kFloat32) {}
+
+BlockPool::BlockPool(const KvShape& shape, int64_t num_blocks, at::ScalarType compute_dtype, at::Device device,
+                     KvDtype stored)
+    : shape_(shape), num_blocks_(num_blocks), compute_dtype_(compute_dtype) {
   if (shape.block_size <= 0) throw std::invalid_argument("cache.block_size must be positive");
   if (num_blocks < 0) throw std::invalid_argument("KV pool: negative block count");
-  storage_ = at::zeros({2, shape.num_layers, num_blocks * shape.block_size, shape.num_kv_heads,
-                        shape.head_dim},
-                       at::TensorOptions().dtype(dtype).device(device));
+  shape_.dtype = stored;
+  if (stored != KvDtype::kQ8_0)
+    shape_.element_size = static_cast<int64_t>(c10::elementSize(kv_storage_scalar_type(stored)));
+  if (stored == KvDtype::kQ8_0 && shape.head_dim % kQ8Group != 0)
+    throw std::invalid_argument("cache.dtype q8_0: head_dim " + std::to_string(shape.head_dim) +
+                                " is not a multiple of 32");
+  const auto options = at::TensorOptions().dtype(kv_storage_scalar_type(stored)).device(device);
+  const int64_t slots = num_blocks * shape.block_size;
+  storage_ = at::zeros({2, shape.num_layers, slots, shape.num_kv_heads, shape.head_dim}, options);
+  if (stored == KvDtype::kQ8_0)
+    scales_ = at::zeros({2, shape.num_layers, slots, shape.num_kv_heads, shape.head_dim / kQ8Group},
+                        options.dtype(at::kHalf));
   ++g_tensors_allocated;
 }
 
@@ -27,13 +77,46 @@ int64_t BlockPool::blocks_for_budget(const KvShape& shape, int64_t bytes) {
   return bytes / per_block;
 }
 
-at::Tensor BlockPool::keys(int64_t layer) const { return storage_[0][layer]; }
-at::Tensor BlockPool::values(int64_t layer) const { return storage_[1][layer]; }
+at::Tensor BlockPool::keys(int64_t layer) const {
+  if (shape_.dtype == KvDtype::kQ8_0) throw std::logic_error("KV pool: q8_0 storage has no float view");
+  return storage_[0][layer];
+}
+at::Tensor BlockPool::values(int64_t layer) const {
+  if (shape_.dtype == KvDtype::kQ8_0) throw std::logic_error("KV pool: q8_0 storage has no float view");
+  return storage_[1][layer];
+}
+
+at::Tensor BlockPool::gather(int which, int64_t layer, const at::Tensor& slots) const {
+  const at::Tensor rows = storage_[which][layer].index_select(0, slots);
+  if (shape_.dtype != KvDtype::kQ8_0) return rows.scalar_type() == compute_dtype_ ? rows : rows.to(compute_dtype_);
+  const at::Tensor d = scales_[which][layer].index_select(0, slots).to(at::kFloat);  // [n, heads, groups]
+  const int64_t n = rows.size(0), heads = rows.size(1), groups = rows.size(2) / kQ8Group;
+  const at::Tensor values = rows.to(at::kFloat).view({n, heads, groups, kQ8Group}) * d.unsqueeze(-1);
+  return values.view({n, heads, groups * kQ8Group}).to(compute_dtype_);
+}
+
+at::Tensor BlockPool::gather_keys(int64_t layer, const at::Tensor& slots) const { return gather(0, layer, slots); }
+at::Tensor BlockPool::gather_values(int64_t layer, const at::Tensor& slots) const { return gather(1, layer, slots); }
 
 void BlockPool::write(int64_t layer, const at::Tensor& slots, const at::Tensor& k,
                       const at::Tensor& v) {
-  storage_[0][layer].index_copy_(0, slots, k);
-  storage_[1][layer].index_copy_(0, slots, v);
+  const at::Tensor* inputs[2] = {&k, &v};
+  for (int which = 0; which < 2; ++which) {
+    const at::Tensor& x = *inputs[which];
+    if (shape_.dtype != KvDtype::kQ8_0) {
+      storage_[which][layer].index_copy_(0, slots, x.to(storage_.scalar_type()));
+      continue;
+    }
+    // Q8_0 per 32 values: scale = max |x| / 127 (rounded to float16), values = round(x / scale).
+    const int64_t n = x.size(0), heads = x.size(1), groups = x.size(2) / kQ8Group;
+    const at::Tensor g = x.to(at::kFloat).reshape({n, heads, groups, kQ8Group});
+    const at::Tensor d = (g.abs().amax(-1) / 127.0f).to(at::kHalf);
+    const at::Tensor df = d.to(at::kFloat).unsqueeze(-1);
+    const at::Tensor inv = at::where(df > 0, df.reciprocal(), at::zeros_like(df));
+    const at::Tensor q = (g * inv).round().clamp(-127, 127).to(at::kChar).view({n, heads, groups * kQ8Group});
+    storage_[which][layer].index_copy_(0, slots, q);
+    scales_[which][layer].index_copy_(0, slots, d);
+  }
 }
 
 int64_t BlockPool::tensors_allocated() { return g_tensors_allocated.load(); }

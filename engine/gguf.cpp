@@ -20,8 +20,6 @@ namespace {
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian uint32
 constexpr uint32_t kVersion = 3;
 constexpr uint32_t kDefaultAlignment = 32;
-constexpr int64_t kQ8Block = 32;
-constexpr uint64_t kQ8BlockBytes = 34;  // f16 scale + 32 int8
 // Far above any real model; stops a corrupt count from driving a huge allocation.
 constexpr uint64_t kMaxCount = uint64_t{1} << 32;
 constexpr uint32_t kMaxDims = 4;  // GGML_MAX_DIMS
@@ -45,10 +43,9 @@ const std::map<uint32_t, std::string>& type_names() {
   return names;
 }
 
-bool supported(uint32_t type) {
-  return type == uint32_t(GgmlType::F32) || type == uint32_t(GgmlType::F16) ||
-         type == uint32_t(GgmlType::BF16) || type == uint32_t(GgmlType::Q8_0);
-}
+bool supported(uint32_t type) { return quant_type_from_ggml(type).has_value(); }
+
+const char* kSupportedTypes = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K";
 
 // Little-endian cursor over the mapped header; every read is bounds-checked so a truncated
 // or corrupt header is a message, not a crash.
@@ -251,13 +248,11 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
         fail(path, what + ": offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
                        std::to_string(alignment));
       if (supported(t.type)) {
-        if (t.type == uint32_t(GgmlType::Q8_0)) {
-          if (t.ne[0] % kQ8Block != 0)
-            fail(path, what + ": Q8_0 row of " + std::to_string(t.ne[0]) + " values is not a multiple of 32");
-          t.bytes = elements / kQ8Block * kQ8BlockBytes;
-        } else {
-          t.bytes = elements * (t.type == uint32_t(GgmlType::F32) ? 4 : 2);
-        }
+        const QuantType qt = *quant_type_from_ggml(t.type);
+        if (!quant_row_fits(qt, t.ne[0]))
+          fail(path, what + ": " + quant_name(qt) + " row of " + std::to_string(t.ne[0]) +
+                         " values is not a multiple of " + std::to_string(quant_traits(qt).block_values));
+        t.bytes = static_cast<uint64_t>(quant_row_bytes(qt, t.ne[0])) * (elements / static_cast<uint64_t>(t.ne[0]));
       }
       if (!tensors_.emplace(t.name, t).second) fail(path, "duplicate " + what);
       order_.push_back(t.name);
@@ -318,34 +313,43 @@ std::vector<std::string> GgufFile::tensor_names() const { return order_; }
 
 at::Tensor GgufFile::load(const std::string& name) const {
   const GgufTensorInfo& t = tensor(name);
-  if (!supported(t.type))
-    fail(path_, "tensor '" + name + "' has type " + ggml_type_name(t.type) +
-                    ", which is not supported (F32, F16, BF16, Q8_0)");
+  const QuantType type = stored_type(t);
   const std::vector<int64_t> shape = t.shape();
   void* src = const_cast<uint8_t*>(data_ + t.offset);  // from_blob wants void*; never written
-  switch (static_cast<GgmlType>(t.type)) {
-    case GgmlType::F32:
-      return at::from_blob(src, shape, at::kFloat).clone();
-    case GgmlType::F16:
-      return at::from_blob(src, shape, at::kHalf).to(at::kFloat);
-    case GgmlType::BF16:
-      return at::from_blob(src, shape, at::kBFloat16).to(at::kFloat);
-    case GgmlType::Q8_0: {
-      at::Tensor out = at::empty(shape, at::kFloat);
-      float* dst = out.data_ptr<float>();
-      const uint8_t* p = data_ + t.offset;
-      const int64_t blocks = out.numel() / kQ8Block;
-      for (int64_t b = 0; b < blocks; ++b, p += kQ8BlockBytes) {
-        uint16_t bits;
-        std::memcpy(&bits, p, 2);
-        const float d = static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-        const auto* q = reinterpret_cast<const int8_t*>(p + 2);
-        for (int64_t i = 0; i < kQ8Block; ++i) dst[b * kQ8Block + i] = d * static_cast<float>(q[i]);
-      }
-      return out;
-    }
+  switch (type) {
+    case QuantType::F32: return at::from_blob(src, shape, at::kFloat).clone();
+    case QuantType::F16: return at::from_blob(src, shape, at::kHalf).to(at::kFloat);
+    case QuantType::BF16: return at::from_blob(src, shape, at::kBFloat16).to(at::kFloat);
+    default: break;
   }
-  fail(path_, "tensor '" + name + "': unreachable type");
+  at::Tensor out = at::empty(shape, at::kFloat);
+  const int64_t cols = t.ne[0], rows = out.numel() / cols, row_bytes = quant_row_bytes(type, cols);
+  for (int64_t r = 0; r < rows; ++r)
+    dequantize_row(type, data_ + t.offset + r * row_bytes, out.data_ptr<float>() + r * cols, cols);
+  return out;
+}
+
+WeightMatrix GgufFile::load_matrix(const std::string& name) const {
+  const GgufTensorInfo& t = tensor(name);
+  const QuantType type = stored_type(t);
+  if (t.ne.size() != 2) fail(path_, "tensor '" + name + "' is not a matrix");
+  const int64_t cols = t.ne[0], rows = t.ne[1];
+  void* src = const_cast<uint8_t*>(data_ + t.offset);
+  switch (type) {
+    case QuantType::F32: return WeightMatrix::from_tensor(at::from_blob(src, {rows, cols}, at::kFloat).clone());
+    case QuantType::F16: return WeightMatrix::from_tensor(at::from_blob(src, {rows, cols}, at::kHalf).clone());
+    case QuantType::BF16: return WeightMatrix::from_tensor(at::from_blob(src, {rows, cols}, at::kBFloat16).clone());
+    default: break;
+  }
+  const int64_t row_bytes = quant_row_bytes(type, cols);
+  return WeightMatrix::from_blocks(type, at::from_blob(src, {rows, row_bytes}, at::kByte).clone(), cols);
+}
+
+QuantType GgufFile::stored_type(const GgufTensorInfo& t) const {
+  if (!supported(t.type))
+    fail(path_, "tensor '" + t.name + "' has type " + ggml_type_name(t.type) + ", which is not supported (" +
+                    kSupportedTypes + ")");
+  return *quant_type_from_ggml(t.type);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -542,13 +546,39 @@ ModelConfig load_gguf_config(const std::string& path) {
   return gguf_config(GgufFile(path));
 }
 
-at::Tensor load_gguf_tensor(const GgufFile& file, const ModelConfig& cfg, const std::string& hf_name,
-                            const std::vector<int64_t>& expected) {
+namespace {
+
+// The GGUF name of `hf_name`, whose tensor must have the shape the metadata implies.
+std::string checked_tensor_name(const GgufFile& file, const std::string& hf_name, const std::vector<int64_t>& expected) {
   const std::string name = gguf_tensor_name(hf_name);
   const std::vector<int64_t> actual = file.tensor(name).shape();
   if (actual != expected)
     fail(file.path(), "tensor '" + name + "' has shape " + shape_text(actual) +
                           " (ne reversed), the metadata implies " + shape_text(expected));
+  return name;
+}
+
+}  // namespace
+
+WeightMatrix load_gguf_matrix(const GgufFile& file, const ModelConfig& cfg, const std::string& hf_name,
+                              const std::vector<int64_t>& expected) {
+  const std::string name = checked_tensor_name(file, hf_name, expected);
+  WeightMatrix m = file.load_matrix(name);
+  if (cfg.architecture != "Qwen2ForCausalLM") {
+    // Whole rows move, so the permutation applies to block rows as well as to float rows.
+    const int64_t heads = ends_with(name, "attn_q.weight") ? cfg.num_heads
+                          : ends_with(name, "attn_k.weight") ? cfg.num_kv_heads : 0;
+    if (heads > 0) {
+      const at::Tensor order = at::arange(m.rows(), at::kLong).view({m.rows(), 1});
+      return m.select_rows(gguf_unpermute_rows(order, heads).view(-1));
+    }
+  }
+  return m;
+}
+
+at::Tensor load_gguf_tensor(const GgufFile& file, const ModelConfig& cfg, const std::string& hf_name,
+                            const std::vector<int64_t>& expected) {
+  const std::string name = checked_tensor_name(file, hf_name, expected);
   at::Tensor t = file.load(name);
   if (cfg.architecture != "Qwen2ForCausalLM") {
     if (ends_with(name, "attn_q.weight")) return gguf_unpermute_rows(t, cfg.num_heads);

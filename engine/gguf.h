@@ -3,8 +3,9 @@
 // A GgufFile maps one file and validates its whole header up front (magic, version, metadata,
 // tensor index, tensor types, byte ranges inside the file, alignment), so a malformed file
 // fails before any tensor is used; tensor bytes are only touched when a tensor is loaded,
-// which lets a pipeline rank read just its own layers. Tensors of type F32, F16, BF16 and
-// Q8_0 load as float32 (Q8_0 dequantised); any other type is refused, naming it.
+// which lets a pipeline rank read just its own layers. Tensors of type F32, F16, BF16, Q8_0,
+// Q4_0, Q4_1, Q4_K, Q5_K and Q6_K load as matrices in their stored type (WeightMatrix) or as
+// float32 copies; any other type is refused, naming it.
 //
 // The model-level functions translate between GGUF and the HF layout the engine runs:
 // llama's GGUF q/k rows are permuted per head (llama.cpp rotates adjacent pairs, HF rotates
@@ -14,6 +15,7 @@
 #pragma once
 
 #include "engine/model_config.h"
+#include "engine/weight_matrix.h"
 
 #include <ATen/Tensor.h>
 
@@ -76,6 +78,8 @@ class GgufFile {
 
   // A float32 copy of the tensor, shaped as GgufTensorInfo::shape().
   at::Tensor load(const std::string& name) const;
+  // A 2-D tensor as stored: float rows as a float tensor, blocks as they are in the file.
+  WeightMatrix load_matrix(const std::string& name) const;
 
  private:
   std::string path_;
@@ -86,6 +90,8 @@ class GgufFile {
   std::map<std::string, GgufValue> metadata_;
   std::map<std::string, GgufTensorInfo> tensors_;
   std::vector<std::string> order_;
+
+  QuantType stored_type(const GgufTensorInfo& t) const;  // refuses a type it cannot compute with
 };
 
 // Builds a GGUF file in memory: metadata in insertion order, then tensors, each at an
@@ -140,6 +146,10 @@ at::Tensor gguf_unpermute_rows(const at::Tensor& w, int64_t heads);
 // llama); its shape must be `expected`.
 at::Tensor load_gguf_tensor(const GgufFile& file, const ModelConfig& cfg, const std::string& hf_name,
                             const std::vector<int64_t>& expected);
+
+// The HF matrix `hf_name` from `file` in its stored type, in HF row order.
+WeightMatrix load_gguf_matrix(const GgufFile& file, const ModelConfig& cfg, const std::string& hf_name,
+                              const std::vector<int64_t>& expected);
 
 // Writes a model given as HF-named float tensors (hf_tensor_layout order) as one GGUF file
 // that llama.cpp loads: architecture metadata, a minimal llama vocabulary (token ids only),

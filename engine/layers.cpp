@@ -1,6 +1,6 @@
 #include "engine/layers.h"
 
-#include "engine/gemv.h"
+#include "engine/weight_matrix.h"
 #include "engine/kernels/cpu/blas_gemm.h"
 
 #include <ATen/ATen.h>
@@ -39,9 +39,7 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& positions, const Ro
 }
 
 at::Tensor dense(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (x.size(0) == 1 && x.is_cpu()) return gemv(weight, x[0], bias).unsqueeze(0);
-  if (x.size(0) <= kGemvRowsLimit && x.is_cpu()) return gemv_rows(weight, x, bias);
-  if (x.is_cpu()) return cpu_linear(x, weight, bias);
+  if (x.is_cpu()) return WeightMatrix::from_tensor(weight).matmul(x, bias);
   return bias.defined() ? at::addmm(bias, x, weight.t()) : at::mm(x, weight.t());
 }
 

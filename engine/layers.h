@@ -2,9 +2,9 @@
 //
 // Each function follows the HF reference implementation (RMSNorm in the input dtype with
 // float32 statistics, RoPE in the rotate-half convention, SwiGLU) and is checked against an
-// independent float64 computation in the tests. `dense` dispatches a single row to a
-// matrix-vector product (engine/gemv.h): BLAS gemm on one row runs at a third of the memory
-// bandwidth that gemv reaches, and batch-1 decode is bound by exactly that bandwidth.
+// independent float64 computation in the tests. `dense` on the CPU is WeightMatrix::matmul
+// (engine/weight_matrix.h): kvpipe's kernels for decode's few rows, the faster of those and
+// BLAS for prefill's many.
 #pragma once
 
 #include <ATen/Tensor.h>

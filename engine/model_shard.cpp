@@ -13,14 +13,14 @@ ModelShard::ModelShard(ModelWeights weights, int64_t first_cached_layer)
   rope_ = make_rope_tables(c.max_position, c.head_dim, c.rope_theta, at::kFloat);
 }
 
-KvShape ModelShard::kv_shape(int64_t block_size) const {
+KvShape ModelShard::kv_shape(int64_t block_size, KvDtype dtype) const {
   KvShape s;
   s.num_layers = num_cached_layers();
   s.block_size = block_size;
   s.num_kv_heads = weights_.config.num_kv_heads;
   s.head_dim = weights_.config.head_dim;
-  s.element_size = 4;
-  if (!weights_.layer.empty()) s.element_size = weights_.layer[0].qkv.element_size();
+  s.dtype = dtype;
+  s.element_size = static_cast<int64_t>(c10::elementSize(kv_storage_scalar_type(dtype)));
   return s;
 }
 
@@ -29,7 +29,7 @@ int64_t ModelShard::num_cached_layers() const {
 }
 
 at::Tensor ModelShard::embed(const at::Tensor& token_ids) const {
-  return weights_.embedding.index_select(0, token_ids);
+  return weights_.embedding.gather_rows(token_ids, weights_.dtype);
 }
 
 at::Tensor ModelShard::attention_block(const at::Tensor& x, int64_t local, const StepBatch& batch,
@@ -38,7 +38,7 @@ at::Tensor ModelShard::attention_block(const at::Tensor& x, int64_t local, const
   const LayerWeights& w = weights_.layer[local];
   const int64_t T = x.size(0), q_dim = c.num_heads * c.head_dim,
                 kv_dim = c.num_kv_heads * c.head_dim;
-  const at::Tensor qkv = dense(x, w.qkv, w.qkv_bias);
+  const at::Tensor qkv = w.qkv.matmul(x, w.qkv_bias);
   // q and k heads are adjacent in the fused projection: rotate them in one pass.
   const int64_t qk_heads = c.num_heads + c.num_kv_heads;
   const at::Tensor qk = apply_rope(qkv.narrow(1, 0, q_dim + kv_dim).view({T, qk_heads, c.head_dim}),
@@ -49,7 +49,6 @@ at::Tensor ModelShard::attention_block(const at::Tensor& x, int64_t local, const
   const int64_t pool_layer = weights_.layers.begin + local - std::max(weights_.layers.begin, first_cached_layer_);
   pool.write(pool_layer, ctx.slots, k, v);
 
-  const at::Tensor keys = pool.keys(pool_layer), values = pool.values(pool_layer);
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   const AttentionWindow window{batch.window_sinks, batch.window_recent};
   std::vector<at::Tensor> outs;
@@ -58,13 +57,14 @@ at::Tensor ModelShard::attention_block(const at::Tensor& x, int64_t local, const
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const int64_t n = batch.seqs[i].num_new;
     const at::Tensor& slots = ctx.seq_slots[i];
-    outs.push_back(windowed_attention(q.narrow(0, start, n), keys.index_select(0, slots),
-                                      values.index_select(0, slots), ctx.positions.narrow(0, start, n),
+    // Gathered in the compute dtype whatever the pool stores (cache.dtype).
+    outs.push_back(windowed_attention(q.narrow(0, start, n), pool.gather_keys(pool_layer, slots),
+                                      pool.gather_values(pool_layer, slots), ctx.positions.narrow(0, start, n),
                                       ctx.seq_key_positions[i], window, scale));
     start += n;
   }
   const at::Tensor attn = outs.size() == 1 ? outs[0] : at::cat(outs);
-  return dense(attn, w.o);
+  return w.o.matmul(attn);
 }
 
 at::Tensor ModelShard::recompute_attention_block(const at::Tensor& x, int64_t local, const StepBatch& batch,
@@ -72,7 +72,7 @@ at::Tensor ModelShard::recompute_attention_block(const at::Tensor& x, int64_t lo
   const ModelConfig& c = weights_.config;
   const LayerWeights& w = weights_.layer[local];
   const int64_t T = x.size(0), q_dim = c.num_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
-  const at::Tensor qkv = dense(x, w.qkv, w.qkv_bias);
+  const at::Tensor qkv = w.qkv.matmul(x, w.qkv_bias);
   const int64_t qk_heads = c.num_heads + c.num_kv_heads;
   const at::Tensor qk = apply_rope(qkv.narrow(1, 0, q_dim + kv_dim).view({T, qk_heads, c.head_dim}),
                                    ctx.full_positions, rope_);
@@ -91,7 +91,7 @@ at::Tensor ModelShard::recompute_attention_block(const at::Tensor& x, int64_t lo
     start += total;
   }
   const at::Tensor attn = outs.size() == 1 ? outs[0] : at::cat(outs);
-  return dense(attn, w.o);
+  return w.o.matmul(attn);
 }
 
 at::Tensor ModelShard::forward(at::Tensor hidden, const StepBatch& batch, const StepContext& ctx,
@@ -103,7 +103,7 @@ at::Tensor ModelShard::forward(at::Tensor hidden, const StepBatch& batch, const 
     const bool cached = layer >= first_cached_layer_;
     const at::Tensor x = rms_norm(hidden, w.input_norm, eps);
     hidden = hidden + (cached ? attention_block(x, l, batch, ctx, pool) : recompute_attention_block(x, l, batch, ctx));
-    hidden = hidden + dense(swiglu(dense(rms_norm(hidden, w.post_norm, eps), w.gate_up)), w.down);
+    hidden = hidden + w.down.matmul(swiglu(w.gate_up.matmul(rms_norm(hidden, w.post_norm, eps))));
     // Past the last layer without K/V only the new tokens' rows are needed.
     if (!cached && layer + 1 == first_cached_layer_) hidden = hidden.index_select(0, ctx.new_rows);
   }
@@ -111,8 +111,7 @@ at::Tensor ModelShard::forward(at::Tensor hidden, const StepBatch& batch, const 
 }
 
 at::Tensor ModelShard::logits(const at::Tensor& hidden) const {
-  return dense(rms_norm(hidden, weights_.final_norm, weights_.config.rms_eps), weights_.lm_head)
-      .to(at::kFloat);
+  return weights_.lm_head.matmul(rms_norm(hidden, weights_.final_norm, weights_.config.rms_eps)).to(at::kFloat);
 }
 
 }  // namespace kvpipe

@@ -40,7 +40,7 @@ class ModelShard {
   at::Tensor logits(const at::Tensor& hidden) const;
 
   // The KV layout this shard needs for `block_size` (its cached layers only).
-  KvShape kv_shape(int64_t block_size) const;
+  KvShape kv_shape(int64_t block_size, KvDtype dtype = KvDtype::kFloat32) const;
   int64_t num_cached_layers() const;
 
  private:

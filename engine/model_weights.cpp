@@ -6,6 +6,9 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
+#include <cmath>
+#include <map>
 #include <memory>
 #include <stdexcept>
 
@@ -46,16 +49,40 @@ int64_t ModelWeights::bytes() const {
   auto add = [&](const at::Tensor& t) {
     if (t.defined()) total += t.numel() * static_cast<int64_t>(t.element_size());
   };
-  add(embedding);
+  auto add_matrix = [&](const WeightMatrix& m) { total += m.bytes(); };
+  add_matrix(embedding);
   add(final_norm);
-  if (!(config.tie_embeddings && lm_head.defined() && embedding.defined() &&
-        lm_head.data_ptr() == embedding.data_ptr()))
-    add(lm_head);
+  if (!(lm_head.defined() && embedding.defined() && lm_head.storage_id() == embedding.storage_id()))
+    add_matrix(lm_head);
   for (const auto& l : layer) {
-    add(l.input_norm), add(l.qkv), add(l.qkv_bias), add(l.o), add(l.post_norm);
-    add(l.gate_up), add(l.down);
+    add(l.input_norm), add_matrix(l.qkv), add(l.qkv_bias), add_matrix(l.o), add(l.post_norm);
+    add_matrix(l.gate_up), add_matrix(l.down);
   }
   return total;
+}
+
+std::string ModelWeights::type_summary() const {
+  std::map<std::string, int64_t> by_type;
+  int64_t total = 0;
+  auto add = [&](const WeightMatrix& m) {
+    for (const auto& p : m.parts()) {
+      const int64_t b = p.data.numel() * static_cast<int64_t>(p.data.element_size());
+      by_type[quant_name(p.type)] += b;
+      total += b;
+    }
+  };
+  add(embedding);
+  if (!(lm_head.defined() && embedding.defined() && lm_head.storage_id() == embedding.storage_id())) add(lm_head);
+  for (const auto& l : layer) add(l.qkv), add(l.o), add(l.gate_up), add(l.down);
+  std::vector<std::pair<int64_t, std::string>> order;
+  for (const auto& [t, b] : by_type) order.push_back({-b, t});
+  std::sort(order.begin(), order.end());
+  std::string out;
+  for (const auto& [nb, t] : order) {
+    if (!out.empty()) out += ", ";
+    out += t + " " + std::to_string(static_cast<int>(std::lround(-100.0 * nb / std::max<int64_t>(total, 1)))) + "%";
+  }
+  return out;
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> hf_tensor_layout(const ModelConfig& c) {
@@ -110,8 +137,10 @@ ModelConfig load_model_config(const std::string& path) {
 
 namespace {
 
+using MatrixSource = std::function<WeightMatrix(const std::string&, const std::vector<int64_t>&)>;
+
 ModelWeights build_weights(const ModelConfig& cfg, const WeightSelection& sel, at::ScalarType dtype,
-                           const TensorSource& source) {
+                           const TensorSource& source, const MatrixSource& matrix_source) {
   if (sel.layers.begin < 0 || sel.layers.end > cfg.num_layers || sel.layers.begin > sel.layers.end)
     throw std::invalid_argument("layer range [" + std::to_string(sel.layers.begin) + ", " +
                                 std::to_string(sel.layers.end) + ") is outside the model's " +
@@ -119,33 +148,40 @@ ModelWeights build_weights(const ModelConfig& cfg, const WeightSelection& sel, a
   auto get = [&](const std::string& name, std::vector<int64_t> shape) {
     return source(name, shape).to(dtype).contiguous();
   };
+  // A float32 run keeps float16/bfloat16 and block matrices as stored; a 16-bit run converts
+  // float matrices to its dtype (LibTorch's 16-bit products), blocks stay blocks.
+  auto matrix = [&](const std::string& name, std::vector<int64_t> shape) {
+    WeightMatrix m = matrix_source(name, shape);
+    return dtype == at::kFloat ? m : m.with_float_dtype(dtype);
+  };
   const int64_t h = cfg.hidden_size, q = cfg.num_heads * cfg.head_dim,
                 kv = cfg.num_kv_heads * cfg.head_dim, ff = cfg.intermediate_size;
   ModelWeights w;
   w.config = cfg;
   w.layers = sel.layers;
+  w.dtype = dtype;
   if (sel.embedding || (sel.head && cfg.tie_embeddings))
-    w.embedding = get("model.embed_tokens.weight", {cfg.vocab_size, h});
+    w.embedding = matrix("model.embed_tokens.weight", {cfg.vocab_size, h});
   if (sel.head) {
     w.final_norm = get("model.norm.weight", {h});
-    w.lm_head = cfg.tie_embeddings ? w.embedding : get("lm_head.weight", {cfg.vocab_size, h});
-    if (!sel.embedding && cfg.tie_embeddings) w.embedding = at::Tensor();
+    w.lm_head = cfg.tie_embeddings ? w.embedding : matrix("lm_head.weight", {cfg.vocab_size, h});
+    if (!sel.embedding && cfg.tie_embeddings) w.embedding = WeightMatrix();
   }
   for (int64_t i = sel.layers.begin; i < sel.layers.end; ++i) {
     LayerWeights l;
     l.input_norm = get(layer_name(i, "input_layernorm.weight"), {h});
-    l.qkv = at::cat({get(layer_name(i, "self_attn.q_proj.weight"), {q, h}),
-                     get(layer_name(i, "self_attn.k_proj.weight"), {kv, h}),
-                     get(layer_name(i, "self_attn.v_proj.weight"), {kv, h})});
+    l.qkv = WeightMatrix::concat({matrix(layer_name(i, "self_attn.q_proj.weight"), {q, h}),
+                                  matrix(layer_name(i, "self_attn.k_proj.weight"), {kv, h}),
+                                  matrix(layer_name(i, "self_attn.v_proj.weight"), {kv, h})});
     if (cfg.qkv_bias)
       l.qkv_bias = at::cat({get(layer_name(i, "self_attn.q_proj.bias"), {q}),
                             get(layer_name(i, "self_attn.k_proj.bias"), {kv}),
                             get(layer_name(i, "self_attn.v_proj.bias"), {kv})});
-    l.o = get(layer_name(i, "self_attn.o_proj.weight"), {h, q});
+    l.o = matrix(layer_name(i, "self_attn.o_proj.weight"), {h, q});
     l.post_norm = get(layer_name(i, "post_attention_layernorm.weight"), {h});
-    l.gate_up = at::cat({get(layer_name(i, "mlp.gate_proj.weight"), {ff, h}),
-                         get(layer_name(i, "mlp.up_proj.weight"), {ff, h})});
-    l.down = get(layer_name(i, "mlp.down_proj.weight"), {h, ff});
+    l.gate_up = WeightMatrix::concat({matrix(layer_name(i, "mlp.gate_proj.weight"), {ff, h}),
+                                      matrix(layer_name(i, "mlp.up_proj.weight"), {ff, h})});
+    l.down = matrix(layer_name(i, "mlp.down_proj.weight"), {h, ff});
     w.layer.push_back(std::move(l));
   }
   return w;
@@ -155,9 +191,61 @@ ModelWeights build_weights(const ModelConfig& cfg, const WeightSelection& sel, a
 
 ModelWeights random_weights(const ModelConfig& cfg, const WeightSelection& sel, uint64_t seed,
                             double std, at::ScalarType dtype) {
-  return build_weights(cfg, sel, dtype, [seed, std](const std::string& name, const std::vector<int64_t>& shape) {
+  const TensorSource source = [seed, std](const std::string& name, const std::vector<int64_t>& shape) {
     return random_tensor(name, shape, seed, std);
+  };
+  return build_weights(cfg, sel, dtype, source, [&](const std::string& name, const std::vector<int64_t>& shape) {
+    return WeightMatrix::from_tensor(source(name, shape).to(dtype));
   });
+}
+
+StoredWeightBytes stored_weight_bytes(const std::string& path, const ModelConfig& cfg, at::ScalarType dtype) {
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
+  StoredWeightBytes b;
+  b.per_layer = cfg.layer_params() * elem;
+  b.embedding = cfg.embedding_params() * elem;
+  b.head = (cfg.tie_embeddings ? 0 : cfg.embedding_params() * elem) + cfg.hidden_size * elem;
+  if (path.rfind(kDummyPrefix, 0) == 0) return b;
+  if (!is_gguf_path(path)) {
+    // Safetensors matrices keep their 16-bit dtype in a float32 run (vectors are converted).
+    if (dtype != at::kFloat) return b;
+    const SafetensorsModel files(path);
+    // A shard that cannot be read is reported by the rank that loads it, naming the file;
+    // until then the plan counts the run dtype's bytes.
+    try {
+      for (const auto& [name, shape] : hf_tensor_layout(cfg)) (void)files.stored_dtype(name);
+    } catch (const std::invalid_argument&) {
+      return b;
+    }
+    int64_t layers = 0;
+    b.embedding = b.head = 0;
+    for (const auto& [name, shape] : hf_tensor_layout(cfg)) {
+      int64_t elements = 1;
+      for (const int64_t n : shape) elements *= n;
+      const int64_t bytes =
+          elements * (shape.size() == 2 ? static_cast<int64_t>(c10::elementSize(files.stored_dtype(name))) : elem);
+      if (name.rfind("model.layers.", 0) == 0) layers += bytes;
+      else if (name == "model.embed_tokens.weight") b.embedding += bytes;
+      else b.head += bytes;
+    }
+    b.per_layer = (layers + cfg.num_layers - 1) / std::max<int64_t>(cfg.num_layers, 1);
+    return b;
+  }
+  // Norms and biases (1-D) load in the run dtype; matrices keep their stored bytes.
+  const GgufFile file(path);
+  int64_t layers = 0;
+  b.embedding = b.head = 0;
+  for (const std::string& name : file.tensor_names()) {
+    const GgufTensorInfo& t = file.tensor(name);
+    int64_t elements = 1;
+    for (const int64_t n : t.ne) elements *= n;
+    const int64_t bytes = t.ne.size() == 1 ? elements * elem : static_cast<int64_t>(t.bytes);
+    if (name.rfind("blk.", 0) == 0) layers += bytes;
+    else if (name == "token_embd.weight") b.embedding += bytes;
+    else if (name == "output.weight" || name == "output_norm.weight") b.head += bytes;
+  }
+  b.per_layer = (layers + cfg.num_layers - 1) / std::max<int64_t>(cfg.num_layers, 1);
+  return b;
 }
 
 ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,
@@ -165,21 +253,35 @@ ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,
   if (path.rfind(kDummyPrefix, 0) == 0) return random_weights(cfg, sel, 0, kDefaultInitStd, dtype);
   if (is_gguf_path(path)) {
     auto file = std::make_shared<GgufFile>(path);
-    return build_weights(cfg, sel, dtype, [file, cfg](const std::string& name,
-                                                      const std::vector<int64_t>& shape) {
-      return load_gguf_tensor(*file, cfg, name, shape);
-    });
+    return build_weights(
+        cfg, sel, dtype,
+        [file, cfg](const std::string& name, const std::vector<int64_t>& shape) {
+          return load_gguf_tensor(*file, cfg, name, shape);
+        },
+        [file, cfg](const std::string& name, const std::vector<int64_t>& shape) {
+          return load_gguf_matrix(*file, cfg, name, shape);
+        });
   }
   auto files = std::make_shared<SafetensorsModel>(path);
-  return build_weights(cfg, sel, dtype, [files, path, dtype](const std::string& name,
-                                                             const std::vector<int64_t>& shape) {
+  auto check_shape = [files, path](const std::string& name, const std::vector<int64_t>& shape) {
     const std::vector<int64_t> actual = files->shape(name);
     if (actual != shape)
       throw std::invalid_argument(path + ": tensor '" + name + "' has shape " +
                                   c10::str(at::IntArrayRef(actual)) + ", config.json implies " +
                                   c10::str(at::IntArrayRef(shape)));
-    return files->load(name, dtype);
-  });
+  };
+  return build_weights(
+      cfg, sel, dtype,
+      [files, check_shape, dtype](const std::string& name, const std::vector<int64_t>& shape) {
+        check_shape(name, shape);
+        return files->load(name, dtype);
+      },
+      [files, check_shape, dtype](const std::string& name, const std::vector<int64_t>& shape) {
+        check_shape(name, shape);
+        // float16/bfloat16 files stay 16-bit in a float32 run
+        const at::ScalarType stored = files->stored_dtype(name);
+        return WeightMatrix::from_tensor(files->load(name, dtype == at::kFloat ? stored : dtype));
+      });
 }
 
 }  // namespace kvpipe

@@ -1,15 +1,18 @@
 // ModelWeights: the tensors of one pipeline stage (a contiguous range of decoder layers plus,
 // where the stage holds them, the embedding and the final norm with the LM head).
 //
-// Weights come from an HF safetensors directory (only the stage's tensors are read from the
-// memory-mapped files) or are made in memory from a preset (`dummy:<preset>`), in both cases
-// converted to the run dtype. A random tensor is seeded by its own name, so a stage that
+// Weights come from an HF safetensors directory or a GGUF file (only the stage's tensors are
+// read from the memory-mapped files) or are made in memory from a preset (`dummy:<preset>`).
+// Projection matrices, the embedding and the LM head stay in their stored type (GGUF blocks
+// such as Q4_K, or float16/bfloat16) when the run dtype is float32, and float matrices are
+// converted to a 16-bit run dtype; norms and biases are always in the run dtype. A random tensor is seeded by its own name, so a stage that
 // generates only its layers gets exactly the values a whole-model run (or `init-model` with
 // the same seed) has. q/k/v and gate/up are concatenated at load so that each becomes one
 // matrix product (as vLLM's fused QKV and gate-up projections).
 #pragma once
 
 #include "engine/model_config.h"
+#include "engine/weight_matrix.h"
 
 #include <ATen/Tensor.h>
 
@@ -29,23 +32,26 @@ struct LayerRange {
 
 struct LayerWeights {
   at::Tensor input_norm;   // [hidden]
-  at::Tensor qkv;          // [(heads + 2 * kv_heads) * head_dim, hidden]
+  WeightMatrix qkv;        // [(heads + 2 * kv_heads) * head_dim, hidden]
   at::Tensor qkv_bias;     // undefined unless the model has q/k/v biases
-  at::Tensor o;            // [hidden, heads * head_dim]
+  WeightMatrix o;          // [hidden, heads * head_dim]
   at::Tensor post_norm;    // [hidden]
-  at::Tensor gate_up;      // [2 * intermediate, hidden]
-  at::Tensor down;         // [hidden, intermediate]
+  WeightMatrix gate_up;    // [2 * intermediate, hidden]
+  WeightMatrix down;       // [hidden, intermediate]
 };
 
 struct ModelWeights {
   ModelConfig config;
   LayerRange layers;
-  at::Tensor embedding;    // [vocab, hidden], defined on the first stage
+  at::ScalarType dtype = c10::ScalarType::Float;  // of activations, norms and the KV cache
+  WeightMatrix embedding;  // [vocab, hidden], defined on the first stage
   at::Tensor final_norm;   // [hidden], defined on the last stage
-  at::Tensor lm_head;      // [vocab, hidden], defined on the last stage (the embedding when tied)
+  WeightMatrix lm_head;    // [vocab, hidden], defined on the last stage (the embedding when tied)
   std::vector<LayerWeights> layer;  // layer[i] is model layer layers.begin + i
 
   int64_t bytes() const;
+  // The stored types of the stage's matrices, most bytes first ("Q4_K 62%, Q6_K 38%").
+  std::string type_summary() const;
 };
 
 struct WeightSelection {
@@ -73,6 +79,17 @@ ModelWeights random_weights(const ModelConfig& cfg, const WeightSelection& selec
 // std 0.02, as `init-model` does by default).
 ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,
                           const WeightSelection& selection, at::ScalarType dtype);
+
+// What a stage's weights take in memory as loaded for a run in `dtype`: per decoder layer
+// (the mean over the model's layers: quantised files mix types per layer), the embedding
+// table, and the head (LM head unless tied, final norm). Counted from the file's tensor
+// index, before any weight is read.
+struct StoredWeightBytes {
+  int64_t per_layer = 0;
+  int64_t embedding = 0;
+  int64_t head = 0;
+};
+StoredWeightBytes stored_weight_bytes(const std::string& path, const ModelConfig& cfg, at::ScalarType dtype);
 
 // "float32" | "float16" | "bfloat16"; std::invalid_argument naming `what` otherwise.
 at::ScalarType parse_dtype(const std::string& name, const std::string& what);

@@ -372,6 +372,13 @@ std::vector<int64_t> SafetensorsModel::shape(const std::string& name) const {
   return file_of(name).entry(name).shape;
 }
 
+at::ScalarType SafetensorsModel::stored_dtype(const std::string& name) const {
+  const SafetensorsFile& file = file_of(name);
+  const std::optional<at::ScalarType> t = loadable_type(file.entry(name).dtype);
+  // A dtype the loader refuses is refused by load(), naming it; float32 is only a placeholder.
+  return t ? *t : at::kFloat;
+}
+
 at::Tensor SafetensorsModel::load(const std::string& name, at::ScalarType dtype) const {
   return file_of(name).load(name, dtype);
 }

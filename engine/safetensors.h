@@ -58,6 +58,8 @@ class SafetensorsModel {
 
   bool contains(const std::string& name) const;
   std::vector<int64_t> shape(const std::string& name) const;
+  // The tensor's dtype in the file (F32, F16, BF16; float32 for a dtype load() refuses).
+  at::ScalarType stored_dtype(const std::string& name) const;
   // Throws std::invalid_argument naming the tensor and the directory when it is missing.
   at::Tensor load(const std::string& name, at::ScalarType dtype) const;
 

@@ -122,8 +122,8 @@ void run_coordinator(const GenerateOptions& o, const JobConfig& job, const JobPl
   // A decode step reads every weight but the embedding table, of which it reads one row.
   const ModelWeights& w = shard.weights();
   const bool separate_embedding =
-      w.embedding.defined() && !(w.lm_head.defined() && w.lm_head.data_ptr() == w.embedding.data_ptr());
-  const int64_t decode_bytes = w.bytes() - (separate_embedding ? w.embedding.nbytes() : 0);
+      w.embedding.defined() && !(w.lm_head.defined() && w.lm_head.storage_id() == w.embedding.storage_id());
+  const int64_t decode_bytes = w.bytes() - (separate_embedding ? w.embedding.bytes() : 0);
   log_printf(LogLevel::kInfo,
                "timing: %zu requests, %lld prompt tokens, %lld generated tokens in %.3f s "
                "(%.1f tokens/s generated), %lld micro-batch steps, step latency mean %.2f ms "

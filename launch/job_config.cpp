@@ -345,6 +345,7 @@ class Validator {
     return {{"block_size", integer(&c.block_size, 1, kMaxBlockSize)},
             {"memory", memory_spec(&c.memory)},
             {"prefix_reuse", boolean(&c.prefix_reuse)},
+            {"dtype", choice(&c.dtype, {"auto", "float32", "float16", "bfloat16", "q8_0"})},
             {"cached_layers", integer(&c.cached_layers, 0, kIntMax, "all", -1)},
             {"window", section({{"sinks", integer(&c.window_sinks, 0, kIntMax)},
                                 {"recent", integer(&c.window_recent, 0, kIntMax)}})}};

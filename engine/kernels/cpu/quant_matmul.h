@@ -1,0 +1,37 @@
+// quant_matmul: y = x W^T for a weight matrix in its stored type (quant_types.h), on the
+// rank's thread pool.
+//
+// Two ways to compute it, both over the same numbers (activations quantised as the type's
+// kernel wants them, so the two differ only in float rounding):
+//   - the dot kernels, which stream each weight row once for up to kMaxKernelInputs inputs and
+//     revisit a slice of rows small enough to stay in the core's cache for the next group of
+//     inputs, so that a batch of up to 64 reads the weights from memory about once;
+//   - BLAS (single-threaded sgemm on each thread's slice of rows, after dequantising a tile of
+//     rows into a scratch buffer): what prefill's long inputs want.
+// Which one serves a shape is measured, not assumed: the first product of each (type, rows,
+// cols, input-count bucket) times both on a sample of its rows and keeps the faster (KVPIPE_CPU_MATMUL=kernel|blas
+// pins one). Up to kMaxKernelInputs inputs always take the kernels.
+#pragma once
+
+#include "engine/kernels/cpu/quant_types.h"
+
+#include <cstdint>
+#include <string>
+
+namespace kvpipe {
+
+// y[i * ldy + r] = sum_c W[r, c] x[i * ldx + c] for i < n, r < rows; W rows of `type` at w,
+// quant_row_bytes(type, cols) apart.
+void quant_matmul(const float* x, int64_t n, int64_t ldx, QuantType type, const uint8_t* w, int64_t rows,
+                  int64_t cols, float* y, int64_t ldy);
+
+enum class MatmulPath { kKernel, kBlas };
+// quant_matmul on a given path (tests and benchmarks compare the two).
+void quant_matmul_on(MatmulPath path, const float* x, int64_t n, int64_t ldx, QuantType type, const uint8_t* w,
+                     int64_t rows, int64_t cols, float* y, int64_t ldy);
+// The path quant_matmul takes for this shape (measuring it now if not yet known).
+MatmulPath quant_matmul_path(QuantType type, int64_t n, int64_t rows, int64_t cols);
+// "kernel" | "blas".
+std::string matmul_path_name(MatmulPath path);
+
+}  // namespace kvpipe

@@ -1,0 +1,182 @@
+#include "engine/weight_matrix.h"
+
+#include "engine/kernels/cpu/quant_matmul.h"
+
+#include <ATen/ATen.h>
+
+#include <stdexcept>
+
+namespace kvpipe {
+namespace {
+
+bool is_float_type(QuantType t) { return t == QuantType::F32 || t == QuantType::F16 || t == QuantType::BF16; }
+
+const uint8_t* bytes_of(const WeightMatrix::Part& p) { return static_cast<const uint8_t*>(p.data.data_ptr()); }
+
+}  // namespace
+
+QuantType quant_type_of(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return QuantType::F32;
+    case at::kHalf: return QuantType::F16;
+    case at::kBFloat16: return QuantType::BF16;
+    default: throw std::invalid_argument(std::string("weight dtype ") + c10::toString(dtype) + " is not stored");
+  }
+}
+
+WeightMatrix WeightMatrix::from_tensor(const at::Tensor& t) {
+  if (t.dim() != 2) throw std::invalid_argument("WeightMatrix: a matrix must have 2 dimensions");
+  WeightMatrix m;
+  m.parts_.push_back({quant_type_of(t.scalar_type()), t.contiguous(), t.size(0)});
+  m.rows_ = t.size(0);
+  m.cols_ = t.size(1);
+  return m;
+}
+
+WeightMatrix WeightMatrix::from_blocks(QuantType type, const at::Tensor& bytes, int64_t cols) {
+  if (!quant_row_fits(type, cols))
+    throw std::invalid_argument(std::string("WeightMatrix: rows of ") + std::to_string(cols) + " values are not whole " +
+                                quant_name(type) + " blocks");
+  if (bytes.dim() != 2 || bytes.scalar_type() != at::kByte || bytes.size(1) != quant_row_bytes(type, cols))
+    throw std::invalid_argument(std::string("WeightMatrix: ") + quant_name(type) + " rows must be uint8 [rows, " +
+                                std::to_string(quant_row_bytes(type, cols)) + "]");
+  WeightMatrix m;
+  m.parts_.push_back({type, bytes.contiguous(), bytes.size(0)});
+  m.rows_ = bytes.size(0);
+  m.cols_ = cols;
+  return m;
+}
+
+WeightMatrix WeightMatrix::concat(const std::vector<WeightMatrix>& pieces) {
+  WeightMatrix m;
+  std::vector<at::Tensor> run;
+  QuantType run_type = QuantType::F32;
+  auto flush = [&] {
+    if (run.empty()) return;
+    at::Tensor data = run.size() == 1 ? run[0] : at::cat(run);
+    m.parts_.push_back({run_type, data, data.size(0)});
+    run.clear();
+  };
+  for (const WeightMatrix& p : pieces) {
+    if (!p.defined()) throw std::invalid_argument("WeightMatrix::concat: undefined piece");
+    if (m.cols_ == 0) m.cols_ = p.cols_;
+    if (p.cols_ != m.cols_) throw std::invalid_argument("WeightMatrix::concat: pieces differ in columns");
+    for (const Part& part : p.parts_) {
+      const bool same = !run.empty() && part.type == run_type && part.data.scalar_type() == run[0].scalar_type();
+      if (!same) flush();
+      run_type = part.type;
+      run.push_back(part.data);
+    }
+    m.rows_ += p.rows_;
+  }
+  flush();
+  return m;
+}
+
+int64_t WeightMatrix::bytes() const {
+  int64_t total = 0;
+  for (const Part& p : parts_) total += p.data.numel() * static_cast<int64_t>(p.data.element_size());
+  return total;
+}
+
+std::string WeightMatrix::type_name() const {
+  std::string name;
+  for (const Part& p : parts_) {
+    const std::string t = quant_name(p.type);
+    if (name.empty()) name = t;
+    else if (name.rfind(t) == std::string::npos) name += "+" + t;
+  }
+  return name;
+}
+
+bool WeightMatrix::is_dense(at::ScalarType dtype) const {
+  if (parts_.empty()) return false;
+  for (const Part& p : parts_)
+    if (!is_float_type(p.type) || p.data.scalar_type() != dtype) return false;
+  return true;
+}
+
+const void* WeightMatrix::storage_id() const { return parts_.empty() ? nullptr : parts_[0].data.data_ptr(); }
+
+at::Tensor WeightMatrix::matmul(const at::Tensor& x, const at::Tensor& bias) const {
+  if (parts_.empty()) throw std::invalid_argument("WeightMatrix::matmul: no weights");
+  if (x.dim() != 2 || x.size(1) != cols_)
+    throw std::invalid_argument("WeightMatrix::matmul: input of " + std::to_string(x.size(-1)) + " columns for a [" +
+                                std::to_string(rows_) + ", " + std::to_string(cols_) + "] matrix");
+  const at::ScalarType dtype = x.scalar_type();
+  if (!x.is_cpu() || (dtype != at::kFloat && is_dense(dtype))) {
+    const at::Tensor w = parts_.size() == 1 ? parts_[0].data : dequantize(dtype);
+    return bias.defined() ? at::addmm(bias, x, w.t()) : at::mm(x, w.t());
+  }
+  // 16-bit inputs against blocks compute with float32 activations, as the kernels take them.
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const int64_t n = xf.size(0);
+  at::Tensor y = at::empty({n, rows_}, xf.options());
+  int64_t row0 = 0;
+  for (const Part& p : parts_) {
+    quant_matmul(xf.data_ptr<float>(), n, cols_, p.type, bytes_of(p), p.rows, cols_, y.data_ptr<float>() + row0,
+                 rows_);
+    row0 += p.rows;
+  }
+  if (bias.defined()) y.add_(bias);
+  return dtype == at::kFloat ? y : y.to(dtype);
+}
+
+at::Tensor WeightMatrix::gather_rows(const at::Tensor& ids, at::ScalarType dtype) const {
+  const at::Tensor idx = ids.to(at::kCPU).to(at::kLong).contiguous();
+  const int64_t k = idx.numel();
+  const int64_t* id = idx.data_ptr<int64_t>();
+  if (parts_.size() == 1 && is_float_type(parts_[0].type)) return parts_[0].data.index_select(0, idx).to(dtype);
+  at::Tensor out = at::empty({k, cols_}, at::TensorOptions().dtype(at::kFloat));
+  float* dst = out.data_ptr<float>();
+  for (int64_t i = 0; i < k; ++i) {
+    int64_t r = id[i];
+    if (r < 0 || r >= rows_) throw std::out_of_range("WeightMatrix::gather_rows: row " + std::to_string(r) + " of " +
+                                                     std::to_string(rows_));
+    for (const Part& p : parts_) {
+      if (r < p.rows) {
+        dequantize_row(p.type, bytes_of(p) + r * quant_row_bytes(p.type, cols_), dst + i * cols_, cols_);
+        break;
+      }
+      r -= p.rows;
+    }
+  }
+  return dtype == at::kFloat ? out : out.to(dtype);
+}
+
+at::Tensor WeightMatrix::dequantize(at::ScalarType dtype) const {
+  std::vector<at::Tensor> pieces;
+  for (const Part& p : parts_) {
+    if (is_float_type(p.type)) {
+      pieces.push_back(p.data.to(dtype));
+      continue;
+    }
+    at::Tensor f = at::empty({p.rows, cols_}, at::TensorOptions().dtype(at::kFloat));
+    const int64_t row_bytes = quant_row_bytes(p.type, cols_);
+    for (int64_t r = 0; r < p.rows; ++r)
+      dequantize_row(p.type, bytes_of(p) + r * row_bytes, f.data_ptr<float>() + r * cols_, cols_);
+    pieces.push_back(f.to(dtype));
+  }
+  return pieces.size() == 1 ? pieces[0] : at::cat(pieces);
+}
+
+WeightMatrix WeightMatrix::select_rows(const at::Tensor& perm) const {
+  if (parts_.size() != 1) throw std::invalid_argument("WeightMatrix::select_rows: only for single-part matrices");
+  WeightMatrix m = *this;
+  m.parts_[0].data = parts_[0].data.index_select(0, perm.to(at::kLong)).contiguous();
+  m.parts_[0].rows = perm.numel();
+  m.rows_ = perm.numel();
+  return m;
+}
+
+WeightMatrix WeightMatrix::with_float_dtype(at::ScalarType dtype) const {
+  WeightMatrix m = *this;
+  for (Part& p : m.parts_) {
+    if (!is_float_type(p.type) || p.data.scalar_type() == dtype) continue;
+    p.data = p.data.to(dtype).contiguous();
+    p.type = quant_type_of(dtype);
+  }
+  return m;
+}
+
+}  // namespace kvpipe

@@ -1,0 +1,240 @@
+// The thread pool, quant_matmul's two paths and WeightMatrix, against float64 references of
+// the dequantised weights (the per-type kernels have their own tests).
+#include "engine/kernels/cpu/quant_matmul.h"
+#include "engine/kernels/cpu/thread_pool.h"
+#include "engine/weight_matrix.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+namespace kvpipe {
+namespace {
+
+uint16_t half_bits(float f) {
+  const at::Half h(f);
+  return h.x;
+}
+
+// Random rows of `type` with modest finite scales.
+std::vector<uint8_t> random_rows(QuantType type, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const QuantTraits& t = quant_traits(type);
+  const int64_t row_bytes = quant_row_bytes(type, cols);
+  std::vector<uint8_t> w(static_cast<size_t>(rows * row_bytes));
+  if (type == QuantType::F32) {
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const float v = 0.1f * normal(gen);
+      std::memcpy(&w[4 * i], &v, 4);
+    }
+    return w;
+  }
+  if (type == QuantType::F16 || type == QuantType::BF16) {
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const float v = 0.1f * normal(gen);
+      uint16_t bits = half_bits(v);
+      if (type == QuantType::BF16) {
+        uint32_t f;
+        std::memcpy(&f, &v, 4);
+        bits = static_cast<uint16_t>(f >> 16);
+      }
+      std::memcpy(&w[2 * i], &bits, 2);
+    }
+    return w;
+  }
+  for (auto& b : w) b = static_cast<uint8_t>(byte(gen));
+  const int64_t blocks = rows * cols / t.block_values;
+  for (int64_t b = 0; b < blocks; ++b) {
+    uint8_t* p = w.data() + b * t.block_bytes;
+    const uint16_t d = half_bits(0.01f + 0.01f * std::abs(normal(gen)));
+    const uint16_t m = half_bits(-0.02f * std::abs(normal(gen)));
+    if (type == QuantType::Q6_K) {
+      std::memcpy(p + 208, &d, 2);
+    } else {
+      std::memcpy(p, &d, 2);
+      if (type == QuantType::Q4_1 || type == QuantType::Q4_K || type == QuantType::Q5_K) std::memcpy(p + 2, &m, 2);
+    }
+  }
+  return w;
+}
+
+// y = x W^T in float64 from the dequantised weights and the activations as the kernels see them;
+// `magnitude` gets sum |w x| per output, the scale of float32 rounding in any summation order.
+std::vector<double> reference(QuantType type, const std::vector<uint8_t>& w, const std::vector<float>& x, int64_t n,
+                              int64_t rows, int64_t cols, std::vector<double>* magnitude = nullptr) {
+  const ActivationType at = quant_traits(type).activation;
+  std::vector<float> wf(static_cast<size_t>(cols)), xf(static_cast<size_t>(n * cols));
+  std::vector<uint8_t> xq(static_cast<size_t>(activation_row_bytes(at, cols)));
+  for (int64_t i = 0; i < n; ++i) {
+    quantize_activation_row(at, x.data() + i * cols, xq.data(), cols);
+    dequantize_activation_row(at, xq.data(), xf.data() + i * cols, cols);
+  }
+  std::vector<double> y(static_cast<size_t>(n * rows));
+  if (magnitude) magnitude->assign(static_cast<size_t>(n * rows), 0.0);
+  const int64_t row_bytes = quant_row_bytes(type, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    dequantize_row(type, w.data() + r * row_bytes, wf.data(), cols);
+    for (int64_t i = 0; i < n; ++i) {
+      double s = 0, a = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        s += static_cast<double>(wf[c]) * xf[i * cols + c];
+        a += std::abs(static_cast<double>(wf[c]) * xf[i * cols + c]);
+      }
+      y[i * rows + r] = s;
+      if (magnitude) (*magnitude)[i * rows + r] = a;
+    }
+  }
+  return y;
+}
+
+TEST(ThreadPool, EveryIndexOnceForAnyThreadCount) {
+  ThreadPool& pool = ThreadPool::instance();
+  for (const int threads : {1, 2, 3, 1}) {
+    pool.set_threads(threads);
+    for (const int64_t n : {1, 5, 64, 1000}) {
+      for (const int64_t align : {1, 4, 16}) {
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        std::atomic<int> calls{0};
+        pool.parallel_for(n, align, [&](int64_t b, int64_t e) {
+          ++calls;
+          EXPECT_LT(b, e);
+          if (e < n) {
+            EXPECT_EQ(e % align, 0);
+          }
+          for (int64_t i = b; i < e; ++i) ++hits[i];
+        });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << n << " " << align;
+        EXPECT_LE(calls.load(), threads);
+      }
+    }
+  }
+  pool.set_threads(1);
+}
+
+TEST(ThreadPool, ExceptionsReachTheCallerAndNestedCallsRunInline) {
+  ThreadPool& pool = ThreadPool::instance();
+  pool.set_threads(2);
+  EXPECT_THROW(pool.parallel_for(100, 1, [](int64_t b, int64_t) {
+    if (b > 0) throw std::runtime_error("worker");
+  }), std::runtime_error);
+  std::atomic<int64_t> total{0};
+  pool.parallel_for(10, 1, [&](int64_t b, int64_t e) {
+    pool.parallel_for(e - b, 1, [&](int64_t ib, int64_t ie) { total += ie - ib; });
+  });
+  EXPECT_EQ(total.load(), 10);
+  // Many short tasks in a row (a decode step's pattern): the pool keeps up and stays correct.
+  int64_t sum = 0;
+  for (int i = 0; i < 2000; ++i) {
+    std::atomic<int64_t> part{0};
+    pool.parallel_for(8, 1, [&](int64_t b, int64_t e) { part += e - b; });
+    sum += part.load();
+  }
+  EXPECT_EQ(sum, 16000);
+  pool.set_threads(1);
+}
+
+class QuantMatmul : public ::testing::TestWithParam<QuantType> {};
+
+TEST_P(QuantMatmul, BothPathsMatchFloat64OnAnyThreadCount) {
+  const QuantType type = GetParam();
+  for (const int64_t cols : {256, 768}) {
+  const int64_t rows = 72;
+  const std::vector<uint8_t> w = random_rows(type, rows, cols, 7);
+  std::mt19937 gen(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const int threads : {1, 2}) {
+    ThreadPool::instance().set_threads(threads);
+    for (const int64_t n : {1, 3, 4, 5, 9, 12, 64, 70}) {
+      std::vector<float> x(static_cast<size_t>(n * cols));
+      for (auto& v : x) v = normal(gen);
+      std::vector<double> magnitude;
+      const std::vector<double> ref = reference(type, w, x, n, rows, cols, &magnitude);
+      for (const MatmulPath path : {MatmulPath::kKernel, MatmulPath::kBlas}) {
+        std::vector<float> y(static_cast<size_t>(n * (rows + 3)), -1.0f);
+        quant_matmul_on(path, x.data(), n, cols, type, w.data(), rows, cols, y.data(), rows + 3);
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t r = 0; r < rows; ++r) {
+            const double want = ref[i * rows + r];
+            // Q4_1's kernels take the activation block sum as Q8_1 stores it, in float16
+            // (as ggml does): 2^-11 relative on that term (exact in test_quant_legacy).
+            const double tol = (type == QuantType::Q4_1 ? 1e-3 : 1e-5) * magnitude[i * rows + r] + 1e-6;
+            ASSERT_NEAR(y[i * (rows + 3) + r], want, tol)
+                << quant_name(type) << " " << matmul_path_name(path) << " n=" << n << " threads=" << threads;
+          }
+          for (int64_t r = rows; r < rows + 3; ++r) ASSERT_EQ(y[i * (rows + 3) + r], -1.0f) << "wrote past a row";
+        }
+      }
+    }
+  }
+  }
+  ThreadPool::instance().set_threads(1);
+}
+
+// A decode row gives the same numbers alone and inside a batch (batch invariance).
+TEST_P(QuantMatmul, RowResultsDoNotDependOnTheBatch) {
+  const QuantType type = GetParam();
+  const int64_t cols = 256, rows = 40;
+  const std::vector<uint8_t> w = random_rows(type, rows, cols, 11);
+  std::vector<float> x(static_cast<size_t>(7 * cols));
+  std::mt19937 gen(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto& v : x) v = normal(gen);
+  std::vector<float> batch(static_cast<size_t>(7 * rows)), one(static_cast<size_t>(rows));
+  quant_matmul_on(MatmulPath::kKernel, x.data(), 7, cols, type, w.data(), rows, cols, batch.data(), rows);
+  for (int64_t i = 0; i < 7; ++i) {
+    quant_matmul_on(MatmulPath::kKernel, x.data() + i * cols, 1, cols, type, w.data(), rows, cols, one.data(), rows);
+    for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(one[r], batch[i * rows + r]) << quant_name(type) << " row " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, QuantMatmul,
+                         ::testing::Values(QuantType::F32, QuantType::F16, QuantType::BF16, QuantType::Q8_0,
+                                           QuantType::Q4_0, QuantType::Q4_1, QuantType::Q4_K, QuantType::Q5_K,
+                                           QuantType::Q6_K),
+                         [](const ::testing::TestParamInfo<QuantType>& p) { return std::string(quant_name(p.param)); });
+
+TEST(WeightMatrix, MixedTypesConcatenateAndComputeAsOneMatrix) {
+  const int64_t cols = 256;
+  const std::vector<uint8_t> a = random_rows(QuantType::Q4_K, 8, cols, 1);
+  const std::vector<uint8_t> b = random_rows(QuantType::Q6_K, 4, cols, 2);
+  auto blocks = [&](QuantType t, const std::vector<uint8_t>& bytes, int64_t rows) {
+    return WeightMatrix::from_blocks(
+        t, at::from_blob(const_cast<uint8_t*>(bytes.data()), {rows, quant_row_bytes(t, cols)}, at::kByte).clone(),
+        cols);
+  };
+  const at::Tensor f = at::randn({3, cols});
+  const WeightMatrix m = WeightMatrix::concat(
+      {blocks(QuantType::Q4_K, a, 8), blocks(QuantType::Q4_K, a, 8), blocks(QuantType::Q6_K, b, 4),
+       WeightMatrix::from_tensor(f)});
+  EXPECT_EQ(m.rows(), 23);
+  EXPECT_EQ(m.parts().size(), 3u);  // the two Q4_K pieces share one buffer
+  EXPECT_EQ(m.type_name(), "Q4_K+Q6_K+F32");
+  EXPECT_EQ(m.bytes(), 16 * 144 + 4 * 210 + 3 * cols * 4);
+  const at::Tensor dense = m.dequantize(at::kDouble);
+  const at::Tensor x = at::randn({2, cols});
+  const at::Tensor y = m.matmul(x);
+  ASSERT_EQ(y.sizes(), (std::vector<int64_t>{2, 23}));
+  const at::Tensor ref = at::mm(x.to(at::kDouble), dense.t());
+  // The block parts see x rounded to 8 bits (Q8_K: half a step of max|x|/127 per value), so
+  // each output is within |W| (max|x| / 254) of the float64 product.
+  const at::Tensor bound = at::mm(at::ones_like(x, at::kDouble) * (x.abs().max().item<double>() / 254.0), dense.abs().t());
+  EXPECT_TRUE(((y.to(at::kDouble) - ref).abs() <= bound * 1.01 + 1e-4).all().item<bool>())
+      << (y.to(at::kDouble) - ref).abs().max();
+  // The float part is exact up to float32 rounding.
+  EXPECT_TRUE(at::allclose(y.narrow(1, 20, 3).to(at::kDouble), ref.narrow(1, 20, 3), 1e-5, 1e-5));
+  // Embedding rows across parts.
+  const at::Tensor rows = m.gather_rows(at::tensor({0, 9, 17, 22}, at::kLong), at::kFloat);
+  EXPECT_TRUE(at::equal(rows, dense.index_select(0, at::tensor({0, 9, 17, 22}, at::kLong)).to(at::kFloat)));
+  EXPECT_THROW(m.gather_rows(at::tensor({23}, at::kLong), at::kFloat), std::out_of_range);
+}
+
+}  // namespace
+}  // namespace kvpipe
