@@ -1,73 +1,150 @@
 #!/usr/bin/env bash
-# kvpipe against llama.cpp on the same weights, machine and run: batch-1 decode (128 tokens)
-# and prompt processing (512 tokens) of the `small` preset in F32, with 1 and 2 threads.
+# kvpipe against llama.cpp on the same GGUF files, machine and run, for every weight type kvpipe
+# computes with: batch-1 decode (128 tokens) and prompt processing (512 tokens) at 1 and 2
+# threads, batched decode at batch 8 and 32, and each decode against the bandwidth floor of
+# the type's bytes.
 #
-#   benchmarks/peers/compare.sh [--runs N]
+#   benchmarks/peers/compare.sh [--runs N] [--types "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K_M Q5_K_M Q6_K"]
+#                               [--threads "1 2"] [--batches "8 32"] [--preset small]
 #
-# The model is written once by `kvpipe init-model --format gguf --preset small` (the weights of
-# `dummy:small`), and both engines read that file. kvpipe: decode = 1000 / tpot_ms over 128 new
-# tokens after a 16-token prompt, prefill = 512000 / ttft_ms of a 512-token prompt.
-# llama.cpp: llama-bench (built by build_llama_cpp.sh from the source the pinned
-# llama-cpp-python sdist ships) tg128 and pp512. Each run measures the two engines back to back; medians over runs
-# are printed as a Markdown table.
+# The F32, F16 and BF16 files are written by `kvpipe init-model --format gguf` (the weights of
+# `dummy:<preset>`); the quantised ones by llama.cpp's llama-quantize from the F16 file, so both
+# engines read the very same bytes. kvpipe: decode = 1000 / tpot_ms over 128 new tokens after a
+# 16-token prompt, prefill = 512000 / ttft_ms of a 512-token prompt, batched decode = batch x
+# 1000 / median step ms of `batch` requests of 128 distinct prompt tokens and 32 new tokens.
+# llama.cpp: llama-bench tg128 and pp512, llama-batched-bench -npp 128 -ntg 32 (speed_tg).
+# Floor = read bandwidth (kvpipe_membw, measured at the start of each run and thread count) /
+# weight bytes read per decode step. Every ratio is the median of per-run ratios.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-runs=3
+runs=3 types="F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K_M Q5_K_M Q6_K" thread_list="1 2" batches="8 32" preset=small
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) runs=$2; shift 2 ;;
+    --types) types=$2; shift 2 ;;
+    --threads) thread_list=$2; shift 2 ;;
+    --batches) batches=$2; shift 2 ;;
+    --preset) preset=$2; shift 2 ;;
     *) echo "compare: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-kvpipe=build/release/launch/kvpipe
-bench=benchmarks/peers/llama.cpp/bin/llama-bench
-[ -x "$bench" ] || { echo "compare: build llama-bench first (benchmarks/peers/build_llama_cpp.sh)" >&2; exit 2; }
-peer="llama-bench ($(cat benchmarks/peers/llama.cpp/version 2>/dev/null | sed 's/^/llama-cpp-python /'))"
+kvpipe=build/release/launch/kvpipe membw=build/release/benchmarks/kvpipe_membw
+bin=benchmarks/peers/llama.cpp/bin
+[ -x "$kvpipe" ] && [ -x "$membw" ] || { echo "compare: build first (scripts/build.sh)" >&2; exit 2; }
+for tool in llama-bench llama-batched-bench llama-quantize; do
+  [ -x "$bin/$tool" ] || { echo "compare: build $tool first (benchmarks/peers/build_llama_cpp.sh)" >&2; exit 2; }
+done
+peer="llama.cpp ($(cat benchmarks/peers/llama.cpp/version 2>/dev/null | sed 's/^/llama-cpp-python /'))"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$kvpipe" init-model --format gguf --preset small --out "$tmp/small.gguf" >/dev/null 2>&1
-ids() { seq 0 $(($1 - 1)) | awk '{printf "%s%d", (NR>1?",":""), ($1*7919)%8000+3}'; }
+ids() { seq "$2" $(($2 + $1 - 1)) | awk '{printf "%s%d", (NR>1?",":""), ($1*7919)%8000+3}'; }
 field() { grep -oE "\"$1\":[0-9.]+" | head -1 | cut -d: -f2; }
 
-echo "threads run kv_decode kv_prefill ll_decode ll_prefill" >"$tmp/rows"
-for threads in 1 2; do
-  cat >"$tmp/job.yaml" <<YAML
-model: {path: "$tmp/small.gguf"}
+model_file() {  # writes $tmp/<type>.gguf once
+  local type=$1 f="$tmp/$1.gguf"
+  [ -f "$f" ] && { echo "$f"; return; }
+  case "$type" in
+    F32) "$kvpipe" init-model --format gguf --preset "$preset" --dtype float32 --out "$f" >/dev/null 2>&1 ;;
+    F16) "$kvpipe" init-model --format gguf --preset "$preset" --dtype float16 --out "$f" >/dev/null 2>&1 ;;
+    BF16) "$kvpipe" init-model --format gguf --preset "$preset" --dtype bfloat16 --out "$f" >/dev/null 2>&1 ;;
+    *) model_file F16 >/dev/null
+       "$bin/llama-quantize" "$tmp/F16.gguf" "$f" "$type" 1 >"$tmp/quantize.log" 2>&1 ||
+         { echo "compare: llama-quantize $type failed:" >&2; tail -n 3 "$tmp/quantize.log" >&2; exit 1; } ;;
+  esac
+  echo "$f"
+}
+
+kv_generate() {  # config, prompt ids, new tokens -> stdout line and stderr in $tmp/err
+  "$kvpipe" generate --config "$1" --prompt-ids "$2" --max-new-tokens "$3" 2>"$tmp/err" ||
+    { echo "compare: kvpipe generate failed:" >&2; tail -n 3 "$tmp/err" >&2; exit 1; }
+}
+
+echo "type threads run bw_GBps bytes kv_decode kv_pp512 ll_decode ll_pp512" >"$tmp/rows"
+echo "type threads batch run kv_tg ll_tg" >"$tmp/batched"
+for type in $types; do
+  model=$(model_file "$type")
+  for threads in $thread_list; do
+    export OMP_NUM_THREADS=$threads
+    cat >"$tmp/job.yaml" <<YAML
+model: {path: "$model"}
 runtime: {threads: $threads}
-cache: {memory: 256MiB}
+cache: {memory: 512MiB, prefix_reuse: false}
 sampling: {ignore_eos: true}
 YAML
-  for r in $(seq 1 "$runs"); do
-    export OMP_NUM_THREADS=$threads
-    "$kvpipe" generate --config "$tmp/job.yaml" --prompt-ids "$(ids 16)" --max-new-tokens 128 \
-      >"$tmp/out" 2>"$tmp/err" || { echo "compare: kvpipe generate failed:" >&2; tail -n 3 "$tmp/err" >&2; exit 1; }
-    tpot=$(field tpot_ms <"$tmp/out")
-    "$kvpipe" generate --config "$tmp/job.yaml" --prompt-ids "$(ids 512)" --max-new-tokens 1 \
-      >"$tmp/out" 2>"$tmp/err" || { echo "compare: kvpipe generate failed:" >&2; tail -n 3 "$tmp/err" >&2; exit 1; }
-    ttft=$(field ttft_ms <"$tmp/out")
-    "$bench" -m "$tmp/small.gguf" -t "$threads" -p 512 -n 128 -r 1 -o json >"$tmp/ll.json" 2>/dev/null
-    read -r ll_pp ll_tg < <(python3 -c '
+    for r in $(seq 1 "$runs"); do
+      bw=$("$membw" 1024 5 | grep -oE '"read_gbps_median": [0-9.]+' | awk '{print $2}')
+      tpot=$(kv_generate "$tmp/job.yaml" "$(ids 16 0)" 128 | field tpot_ms)
+      bytes=$(grep -oE '[0-9]+ weight bytes read per decode step' "$tmp/err" | awk '{print $1}')
+      ttft=$(kv_generate "$tmp/job.yaml" "$(ids 512 0)" 1 | field ttft_ms)
+      "$bin/llama-bench" -m "$model" -t "$threads" -p 512 -n 128 -r 1 -o json >"$tmp/ll.json" 2>/dev/null
+      read -r ll_pp ll_tg < <(python3 -c '
 import json, sys
 rows = json.load(open(sys.argv[1]))
 ts = {(r["n_prompt"], r["n_gen"]): r["avg_ts"] for r in rows}
 print(ts[(512, 0)], ts[(0, 128)])' "$tmp/ll.json")
-    awk -v t="$threads" -v r="$r" -v tpot="$tpot" -v ttft="$ttft" -v pp="$ll_pp" -v tg="$ll_tg" \
-      'BEGIN { printf "%d %d %.1f %.1f %.1f %.1f\n", t, r, 1000 / tpot, 512000 / ttft, tg, pp }' >>"$tmp/rows"
+      awk -v ty="$type" -v t="$threads" -v r="$r" -v bw="$bw" -v b="$bytes" -v tpot="$tpot" -v ttft="$ttft" \
+        -v pp="$ll_pp" -v tg="$ll_tg" \
+        'BEGIN { printf "%s %d %d %.2f %d %.2f %.2f %.2f %.2f\n", ty, t, r, bw, b, 1000 / tpot, 512000 / ttft, tg, pp }' \
+        >>"$tmp/rows"
+      for batch in $batches; do
+        {
+          echo "model: {path: \"$model\"}"
+          echo "runtime: {threads: $threads}"
+          echo "cache: {memory: 512MiB, prefix_reuse: false}"
+          echo "scheduler: {max_batch: $batch, max_tokens_per_step: 4096}"
+          echo "sampling: {ignore_eos: true}"
+          echo "requests:"
+          for i in $(seq 1 "$batch"); do echo "  - {prompt_ids: [$(ids 128 $((i * 128)))], max_new_tokens: 32}"; done
+        } >"$tmp/batch.yaml"
+        "$kvpipe" generate --config "$tmp/batch.yaml" >/dev/null 2>"$tmp/err" ||
+          { echo "compare: kvpipe batched generate failed:" >&2; tail -n 3 "$tmp/err" >&2; exit 1; }
+        step=$(grep -oE 'median [0-9.]+ ms' "$tmp/err" | head -1 | awk '{print $2}')
+        ll=$("$bin/llama-batched-bench" -m "$model" -c $((batch * 160 + 64)) -b 4096 -ub 512 -npp 128 -ntg 32 \
+               -npl "$batch" -t "$threads" --output-format jsonl 2>/dev/null | grep -oE '"speed_tg": [0-9.]+' | awk '{print $2}')
+        awk -v ty="$type" -v t="$threads" -v b="$batch" -v r="$r" -v step="$step" -v ll="$ll" \
+          'BEGIN { printf "%s %d %d %d %.2f %.2f\n", ty, t, b, r, b * 1000 / step, ll }' >>"$tmp/batched"
+      done
+    done
   done
 done
 
-echo "| threads | kvpipe decode tok/s | llama.cpp decode tok/s | decode ratio | kvpipe pp512 tok/s | llama.cpp pp512 tok/s | pp512 ratio |"
-echo "|---|---|---|---|---|---|---|"
-for threads in 1 2; do
-  awk -v t="$threads" '$1 == t' "$tmp/rows" | sort -k1 | awk '
-    function median(a, n,   i, j, x) { for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] < a[i]) { x = a[i]; a[i] = a[j]; a[j] = x }
-                                      return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
-    { n++; kd[n] = $3; kp[n] = $4; ld[n] = $5; lp[n] = $6; rd[n] = $3 / $5; rp[n] = $4 / $6; t = $1 }
-    END { printf "| %d | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f |\n", t, median(kd, n), median(ld, n), median(rd, n),
-                 median(kp, n), median(lp, n), median(rp, n) }'
-done
-echo
-echo "llama.cpp measured with: $peer"
-echo "small preset, F32 weights from one GGUF file, $runs run(s) per thread count; ratio = kvpipe / llama.cpp (median of per-run ratios)"
-echo "raw rows (threads run kvpipe_decode kvpipe_pp512 llama_decode llama_pp512):"
-tail -n +2 "$tmp/rows"
+python3 - "$tmp/rows" "$tmp/batched" "$peer" "$runs" "$preset" <<'PY'
+import statistics as st
+import sys
+from collections import defaultdict
+
+rows = [l.split() for l in open(sys.argv[1]).read().splitlines()[1:]]
+batched = [l.split() for l in open(sys.argv[2]).read().splitlines()[1:]]
+peer, runs, preset = sys.argv[3], sys.argv[4], sys.argv[5]
+groups = defaultdict(list)
+for ty, t, r, bw, b, kd, kp, ld, lp in rows:
+    groups[(ty, int(t))].append((float(bw), int(b), float(kd), float(kp), float(ld), float(lp)))
+print("| type | threads | MB/token | kvpipe decode tok/s | llama.cpp | ratio | floor tok/s | kvpipe/floor | llama.cpp/floor "
+      "| kvpipe pp512 tok/s | llama.cpp | ratio |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+for (ty, t), v in groups.items():
+    med = lambda f: st.median(f(x) for x in v)
+    floor = lambda x: x[0] * 1e9 / x[1]
+    print(f"| {ty} | {t} | {v[0][1] / 1e6:.0f} | {med(lambda x: x[2]):.1f} | {med(lambda x: x[4]):.1f} | "
+          f"{med(lambda x: x[2] / x[4]):.2f} | {med(floor):.1f} | {med(lambda x: x[2] / floor(x)):.2f} | "
+          f"{med(lambda x: x[4] / floor(x)):.2f} | {med(lambda x: x[3]):.1f} | {med(lambda x: x[5]):.1f} | "
+          f"{med(lambda x: x[3] / x[5]):.2f} |")
+if batched:
+    print()
+    print("| type | threads | batch | kvpipe decode tok/s | llama-batched-bench tok/s | ratio |")
+    print("|---|---|---|---|---|---|")
+    bg = defaultdict(list)
+    for ty, t, b, r, kv, ll in batched:
+        bg[(ty, int(t), int(b))].append((float(kv), float(ll)))
+    for (ty, t, b), v in bg.items():
+        print(f"| {ty} | {t} | {b} | {st.median(x[0] for x in v):.1f} | {st.median(x[1] for x in v):.1f} | "
+              f"{st.median(x[0] / x[1] for x in v):.2f} |")
+print()
+print(f"{peer}; `{preset}` preset, {runs} run(s); ratio = kvpipe / llama.cpp, medians of per-run ratios.")
+print("raw rows (type threads run bandwidth_GBps bytes_per_token kv_decode kv_pp512 ll_decode ll_pp512):")
+for r in rows:
+    print(" ".join(r))
+print("raw batched rows (type threads batch run kv_tok_s ll_tok_s):")
+for r in batched:
+    print(" ".join(r))
+PY
