@@ -1,6 +1,7 @@
 #include "launch/bench.h"
 
 #include "engine/kernels/cpu/blas_gemm.h"
+#include "engine/model_weights.h"
 #include "launch/bench_report.h"
 #include "launch/device_plan.h"
 #include "launch/job_config.h"
@@ -463,12 +464,12 @@ void bench(const BenchOptions& o, World& world) {
   for (const auto& spans : outcome.traces) ranks.push_back(breakdown(spans, from_us, to_us));
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
   const bool oversubscribed = static_cast<int64_t>(local_rank_count_from_env()) * job.runtime.threads > cores;
-  // A decode step reads every layer, the final norm and the LM head over all ranks; of the
-  // embedding table, one row per sequence.
+  // A decode step reads every layer, the final norm and the LM head over all ranks (as stored:
+  // quantised files read their blocks); of the embedding table, one row per sequence.
   const ModelConfig& model = plan.model;
+  const StoredWeightBytes stored = stored_weight_bytes(job.model.path, model, plan.dtype);
   const int64_t decode_weight_bytes =
-      (model.num_layers * model.layer_params() + model.hidden_size + model.embedding_params()) *
-      static_cast<int64_t>(sizeof(float));
+      stored.per_layer * model.num_layers + stored.head + (model.tie_embeddings ? stored.embedding : 0);
   const ordered_json report = make_report({o, job, plan, world, outcome, m, ranks, oversubscribed, decode_weight_bytes});
 
   const std::filesystem::path dir(o.out_dir);
