@@ -7,8 +7,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
-#include <cmath>
-#include <map>
 #include <memory>
 #include <stdexcept>
 
@@ -59,30 +57,6 @@ int64_t ModelWeights::bytes() const {
     add_matrix(l.gate_up), add_matrix(l.down);
   }
   return total;
-}
-
-std::string ModelWeights::type_summary() const {
-  std::map<std::string, int64_t> by_type;
-  int64_t total = 0;
-  auto add = [&](const WeightMatrix& m) {
-    for (const auto& p : m.parts()) {
-      const int64_t b = p.data.numel() * static_cast<int64_t>(p.data.element_size());
-      by_type[quant_name(p.type)] += b;
-      total += b;
-    }
-  };
-  add(embedding);
-  if (!(lm_head.defined() && embedding.defined() && lm_head.storage_id() == embedding.storage_id())) add(lm_head);
-  for (const auto& l : layer) add(l.qkv), add(l.o), add(l.gate_up), add(l.down);
-  std::vector<std::pair<int64_t, std::string>> order;
-  for (const auto& [t, b] : by_type) order.push_back({-b, t});
-  std::sort(order.begin(), order.end());
-  std::string out;
-  for (const auto& [nb, t] : order) {
-    if (!out.empty()) out += ", ";
-    out += t + " " + std::to_string(static_cast<int>(std::lround(-100.0 * nb / std::max<int64_t>(total, 1)))) + "%";
-  }
-  return out;
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> hf_tensor_layout(const ModelConfig& c) {
@@ -210,26 +184,25 @@ StoredWeightBytes stored_weight_bytes(const std::string& path, const ModelConfig
     // Safetensors matrices keep their 16-bit dtype in a float32 run (vectors are converted).
     if (dtype != at::kFloat) return b;
     const SafetensorsModel files(path);
-    // A shard that cannot be read is reported by the rank that loads it, naming the file;
-    // until then the plan counts the run dtype's bytes.
+    StoredWeightBytes stored;
+    int64_t layers = 0;
     try {
-      for (const auto& [name, shape] : hf_tensor_layout(cfg)) (void)files.stored_dtype(name);
+      for (const auto& [name, shape] : hf_tensor_layout(cfg)) {
+        int64_t elements = 1;
+        for (const int64_t n : shape) elements *= n;
+        const int64_t bytes =
+            elements * (shape.size() == 2 ? static_cast<int64_t>(c10::elementSize(files.stored_dtype(name))) : elem);
+        if (name.rfind("model.layers.", 0) == 0) layers += bytes;
+        else if (name == "model.embed_tokens.weight") stored.embedding += bytes;
+        else stored.head += bytes;
+      }
     } catch (const std::invalid_argument&) {
+      // A shard that cannot be read is reported by the rank that loads it, naming the file;
+      // until then the plan counts the run dtype's bytes.
       return b;
     }
-    int64_t layers = 0;
-    b.embedding = b.head = 0;
-    for (const auto& [name, shape] : hf_tensor_layout(cfg)) {
-      int64_t elements = 1;
-      for (const int64_t n : shape) elements *= n;
-      const int64_t bytes =
-          elements * (shape.size() == 2 ? static_cast<int64_t>(c10::elementSize(files.stored_dtype(name))) : elem);
-      if (name.rfind("model.layers.", 0) == 0) layers += bytes;
-      else if (name == "model.embed_tokens.weight") b.embedding += bytes;
-      else b.head += bytes;
-    }
-    b.per_layer = (layers + cfg.num_layers - 1) / std::max<int64_t>(cfg.num_layers, 1);
-    return b;
+    stored.per_layer = (layers + cfg.num_layers - 1) / std::max<int64_t>(cfg.num_layers, 1);
+    return stored;
   }
   // Norms and biases (1-D) load in the run dtype; matrices keep their stored bytes.
   const GgufFile file(path);

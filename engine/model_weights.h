@@ -50,8 +50,6 @@ struct ModelWeights {
   std::vector<LayerWeights> layer;  // layer[i] is model layer layers.begin + i
 
   int64_t bytes() const;
-  // The stored types of the stage's matrices, most bytes first ("Q4_K 62%, Q6_K 38%").
-  std::string type_summary() const;
 };
 
 struct WeightSelection {

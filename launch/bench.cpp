@@ -1,7 +1,6 @@
 #include "launch/bench.h"
 
 #include "engine/kernels/cpu/blas_gemm.h"
-#include "engine/model_weights.h"
 #include "launch/bench_report.h"
 #include "launch/device_plan.h"
 #include "launch/job_config.h"
@@ -467,7 +466,7 @@ void bench(const BenchOptions& o, World& world) {
   // A decode step reads every layer, the final norm and the LM head over all ranks (as stored:
   // quantised files read their blocks); of the embedding table, one row per sequence.
   const ModelConfig& model = plan.model;
-  const StoredWeightBytes stored = stored_weight_bytes(job.model.path, model, plan.dtype);
+  const StoredWeightBytes& stored = plan.weight_bytes;
   const int64_t decode_weight_bytes =
       stored.per_layer * model.num_layers + stored.head + (model.tie_embeddings ? stored.embedding : 0);
   const ordered_json report = make_report({o, job, plan, world, outcome, m, ranks, oversubscribed, decode_weight_bytes});

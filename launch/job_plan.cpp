@@ -37,29 +37,25 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
 
   StageCost cost;
   // What the weights take as stored (quantised files: their blocks), read from the file's index.
-  const StoredWeightBytes stored = stored_weight_bytes(job.model.path, m, plan.dtype);
-  cost.layer_weight_bytes = stored.per_layer;
-  cost.first_extra_bytes = stored.embedding;
-  cost.last_extra_bytes = stored.head;
+  plan.weight_bytes = stored_weight_bytes(job.model.path, m, plan.dtype);
+  cost.layer_weight_bytes = plan.weight_bytes.per_layer;
+  cost.first_extra_bytes = plan.weight_bytes.embedding;
+  cost.last_extra_bytes = plan.weight_bytes.head;
   const std::string kv_name = job.cache.dtype == "auto" ? (plan.dtype == at::kHalf       ? "float16"
                                                            : plan.dtype == at::kBFloat16 ? "bfloat16"
                                                                                          : "float32")
                                                         : job.cache.dtype;
-  auto where_key = [&](const std::string& key) {
-    const auto it = job.where.find(key);
-    return it == job.where.end() ? job.source : it->second;
-  };
-  plan.kv_dtype = parse_kv_dtype(kv_name, where_key("cache.dtype") + ": cache.dtype");
-  if (plan.kv_dtype == KvDtype::kQ8_0 && m.head_dim % 32 != 0)
-    throw std::invalid_argument(where_key("cache.dtype") + ": cache.dtype: q8_0 needs a head dimension that is a "
-                                "multiple of 32 (the model's is " + std::to_string(m.head_dim) + ")");
-  plan.kv_bytes_per_token_layer = 2 * m.num_kv_heads * kv_row_bytes(plan.kv_dtype, m.head_dim);
-  cost.kv_bytes_per_block_layer = plan.kv_bytes_per_token_layer * job.cache.block_size;
-  // Layer-level reuse: only the last cached_layers layers keep K/V.
   auto where = [&](const std::string& key) {
     const auto it = job.where.find(key);
     return it == job.where.end() ? job.source : it->second;
   };
+  plan.kv_dtype = parse_kv_dtype(kv_name, where("cache.dtype") + ": cache.dtype");
+  if (plan.kv_dtype == KvDtype::kQ8_0 && m.head_dim % 32 != 0)
+    throw std::invalid_argument(where("cache.dtype") + ": cache.dtype: q8_0 needs a head dimension that is a "
+                                "multiple of 32 (the model's is " + std::to_string(m.head_dim) + ")");
+  plan.kv_bytes_per_token_layer = 2 * m.num_kv_heads * kv_row_bytes(plan.kv_dtype, m.head_dim);
+  cost.kv_bytes_per_block_layer = plan.kv_bytes_per_token_layer * job.cache.block_size;
+  // Layer-level reuse: only the last cached_layers layers keep K/V.
   if (job.cache.cached_layers > m.num_layers)
     throw std::invalid_argument(where("cache.cached_layers") + ": cache.cached_layers: " +
                                 std::to_string(job.cache.cached_layers) + " exceeds the model's " +

@@ -8,6 +8,7 @@
 
 #include "cache/block_pool.h"
 #include "engine/model_config.h"
+#include "engine/model_weights.h"
 #include "launch/job_config.h"
 #include "parallel/partitioner.h"
 
@@ -22,6 +23,7 @@ struct JobPlan {
   at::ScalarType dtype = at::kFloat;
   KvDtype kv_dtype = KvDtype::kFloat32;  // cache.dtype as resolved (auto: the compute dtype)
   int64_t kv_bytes_per_token_layer = 0;  // K and V of one token in one layer, as stored
+  StoredWeightBytes weight_bytes;        // the weights as loaded, from the file's index
   PartitionPlan partition;
   int64_t block_size = 16;
   int64_t first_cached_layer = 0;  // layers before it keep no K/V (cache.cached_layers)

@@ -3,11 +3,9 @@
 #include "engine/kernels/cpu/thread_pool.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <cblas.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -29,8 +27,6 @@ BlasChoice blas_choice() {
   }();
   return choice;
 }
-
-std::atomic<int> g_threads{1};
 
 bool use_openblas() {
   switch (blas_choice()) {
@@ -59,10 +55,9 @@ bool row_major(const at::Tensor& t) {
 
 std::string cpu_blas_name() { return use_openblas() ? "openblas" : "torch"; }
 
-void set_cpu_blas_threads(int threads) {
-  g_threads.store(threads, std::memory_order_relaxed);
-  // OpenBLAS's own pool would compete with LibTorch's (whose idle threads spin for a while
-  // after each parallel region): OpenBLAS runs single-threaded inside LibTorch's threads.
+void set_cpu_blas_threads(int /*threads*/) {
+  // The threads are kvpipe's pool's, whatever their number: OpenBLAS's own pool would compete
+  // with it, so OpenBLAS runs single-threaded on each pool thread's slice.
   if (blas_choice() != BlasChoice::kTorch) openblas_set_num_threads(1);
 }
 

@@ -29,8 +29,8 @@ at::Tensor cpu_bmm(const at::Tensor& a, const at::Tensor& c);
 // The library cpu_linear and cpu_bmm use now: "openblas" or "torch".
 std::string cpu_blas_name();
 
-// The compute threads of this rank; keeps OpenBLAS's own pool out of the way (the threads
-// come from kvpipe's pool).
+// Called with the rank's compute threads: keeps OpenBLAS's own pool out of the way (the
+// threads are kvpipe's pool's, and the library choice does not depend on their number).
 void set_cpu_blas_threads(int threads);
 
 }  // namespace kvpipe

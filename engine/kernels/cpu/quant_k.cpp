@@ -1,6 +1,7 @@
 // The K types' portable half (quant_impl.h): Q4_K, Q5_K and Q6_K super-blocks of 256 values
 // in ggml's layout, their Q8_K activations, and dot kernels in plain C++ that are correct on
 // any processor and are what the AVX2 kernels (quant_k_avx2.cpp) are tested against.
+#include "engine/kernels/cpu/half_convert.h"
 #include "engine/kernels/cpu/quant_impl.h"
 
 #include <cmath>
@@ -27,35 +28,10 @@ constexpr int64_t kQ8KBytes = 292;
 constexpr int64_t kQ8KQs = 4;
 constexpr int64_t kQ8KBsums = 4 + kSuperBlock;
 
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu;
-  uint32_t mantissa = h & 0x3ffu;
-  uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {
-    // Subnormal half: renormalise, since every half subnormal is a normal float.
-    uint32_t e = 113;
-    while ((mantissa & 0x400u) == 0) {
-      mantissa <<= 1;
-      --e;
-    }
-    bits = sign | (e << 23) | ((mantissa & 0x3ffu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
 float load_half(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, sizeof h);
-  return half_to_float(h);
+  return fp16_to_fp32(h);
 }
 
 float load_float(const uint8_t* p) {

@@ -43,11 +43,11 @@ Forced forced_path() {
   return f;
 }
 
-// The activations of one call, in the form the type's kernel reads them.
+// The activations of one call, in the form the type's kernel reads them. The quantised rows
+// live in a buffer of the calling thread, reused by its next call (no allocation per step).
 struct Activations {
   const uint8_t* data = nullptr;
   int64_t stride = 0;  // bytes between rows
-  std::vector<uint8_t> storage;
 };
 
 void prepare_activations(const float* x, int64_t n, int64_t ldx, QuantType type, int64_t cols, Activations& a) {
@@ -58,8 +58,9 @@ void prepare_activations(const float* x, int64_t n, int64_t ldx, QuantType type,
     return;
   }
   a.stride = activation_row_bytes(at, cols);
-  a.storage.resize(static_cast<size_t>(a.stride * n));
-  uint8_t* dst = a.storage.data();
+  thread_local std::vector<uint8_t> storage;
+  storage.resize(static_cast<size_t>(a.stride * n));
+  uint8_t* dst = storage.data();
   parallel_rows(n, 1, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) quantize_activation_row(at, x + i * ldx, dst + i * a.stride, cols);
   });
@@ -92,15 +93,18 @@ void run_blas(const float* x, int64_t n, int64_t ldx, const Activations& a, Quan
   std::call_once(single, [] { openblas_set_num_threads(1); });  // threads come from the pool
   const ActivationType at = quant_traits(type).activation;
   // The quantised types multiply by what their kernels see: the activations' 8-bit values.
-  std::vector<float> xq;
+  // The caller's buffer; the pool's threads reach it through the pointer (a lambda naming a
+  // thread_local would see each thread's own).
+  thread_local std::vector<float> xq;
   const float* xs = x;
   int64_t ldxs = ldx;
   if (at != ActivationType::F32) {
     xq.resize(static_cast<size_t>(n * cols));
+    float* xq_data = xq.data();
     parallel_rows(n, 1, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) dequantize_activation_row(at, a.data + i * a.stride, xq.data() + i * cols, cols);
+      for (int64_t i = b; i < e; ++i) dequantize_activation_row(at, a.data + i * a.stride, xq_data + i * cols, cols);
     });
-    xs = xq.data(), ldxs = cols;
+    xs = xq_data, ldxs = cols;
   }
   const int64_t row_bytes = quant_row_bytes(type, cols);
   parallel_rows(rows, 16, [&](int64_t begin, int64_t end) {
@@ -184,22 +188,6 @@ void quant_matmul_on(MatmulPath path, const float* x, int64_t n, int64_t ldx, Qu
   prepare_activations(x, n, ldx, type, cols, a);
   if (path == MatmulPath::kKernel) run_kernels(a, n, type, w, rows, cols, y, ldy);
   else run_blas(x, n, ldx, a, type, w, rows, cols, y, ldy);
-}
-
-MatmulPath quant_matmul_path(QuantType type, int64_t n, int64_t rows, int64_t cols) {
-  const Forced forced = forced_path();
-  if (n <= kMaxKernelInputs || forced == Forced::kKernel) return MatmulPath::kKernel;
-  if (forced == Forced::kBlas) return MatmulPath::kBlas;
-  {
-    std::lock_guard<std::mutex> lock(g_paths_mutex);
-    const auto it = g_paths.find({static_cast<int>(type), rows, cols, bucket(n)});
-    if (it != g_paths.end()) return it->second;
-  }
-  std::vector<float> x(static_cast<size_t>(n * cols), 0.01f), y(static_cast<size_t>(n * rows));
-  std::vector<uint8_t> w(static_cast<size_t>(rows * quant_row_bytes(type, cols)), 0);
-  quant_matmul(x.data(), n, cols, type, w.data(), rows, cols, y.data(), rows);
-  std::lock_guard<std::mutex> lock(g_paths_mutex);
-  return g_paths.at({static_cast<int>(type), rows, cols, bucket(n)});
 }
 
 }  // namespace kvpipe

@@ -29,8 +29,6 @@ enum class MatmulPath { kKernel, kBlas };
 // quant_matmul on a given path (tests and benchmarks compare the two).
 void quant_matmul_on(MatmulPath path, const float* x, int64_t n, int64_t ldx, QuantType type, const uint8_t* w,
                      int64_t rows, int64_t cols, float* y, int64_t ldy);
-// The path quant_matmul takes for this shape (measuring it now if not yet known).
-MatmulPath quant_matmul_path(QuantType type, int64_t n, int64_t rows, int64_t cols);
 // "kernel" | "blas".
 std::string matmul_path_name(MatmulPath path);
 
