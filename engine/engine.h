@@ -135,6 +135,9 @@ class Engine {
   // options.should_stop() says to stop. May be called again with more requests.
   void run(const std::function<void(const TokenEvent&)>& on_token = {});
 
+  // Ends a request early (Scheduler::finish); callable from the on_token callback.
+  bool finish(int64_t request_id, const std::string& reason) { return scheduler_.finish(request_id, reason); }
+
   // Replaces EngineOptions::source for the next run() (null: none).
   void set_source(RequestSource* source) { options_.source = source; }
 

@@ -1,5 +1,7 @@
 #include "engine/gguf.h"
 
+#include "engine/text/tokenizer_builder.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Half.h>
 #include <fcntl.h>
@@ -203,6 +205,7 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
         v.element = static_cast<GgufValueType>(r.read<uint32_t>(what));
         v.count = r.read<uint64_t>(what);
         if (v.count > kMaxCount) fail(path, what + ": implausible array length");
+        v.offset = r.pos();
         if (v.element == GgufValueType::STRING) {
           for (uint64_t j = 0; j < v.count; ++j) r.string(what);
         } else {
@@ -301,6 +304,58 @@ const std::string& GgufFile::get_string(const std::string& key) const {
   if (it == metadata_.end()) fail(path_, "missing metadata '" + key + "'");
   if (it->second.type != GgufValueType::STRING) fail(path_, "metadata '" + key + "' is not a string");
   return it->second.string;
+}
+
+namespace {
+
+const GgufValue& array_value(const std::string& path, const std::map<std::string, GgufValue>& metadata,
+                             const std::string& key) {
+  const auto it = metadata.find(key);
+  if (it == metadata.end()) fail(path, "missing metadata '" + key + "'");
+  if (it->second.type != GgufValueType::ARRAY) fail(path, "metadata '" + key + "' is not an array");
+  return it->second;
+}
+
+}  // namespace
+
+std::vector<std::string> GgufFile::get_string_array(const std::string& key) const {
+  const GgufValue& v = array_value(path_, metadata_, key);
+  if (v.element != GgufValueType::STRING) fail(path_, "metadata '" + key + "' is not an array of strings");
+  // The header was validated at open, so these reads stay inside the file.
+  Reader r(path_, static_cast<const uint8_t*>(map_), map_size_);
+  r.take(v.offset, key);
+  std::vector<std::string> out;
+  out.reserve(v.count);
+  for (uint64_t i = 0; i < v.count; ++i) out.push_back(r.string("metadata '" + key + "'"));
+  return out;
+}
+
+std::vector<int64_t> GgufFile::get_int_array(const std::string& key) const {
+  const GgufValue& v = array_value(path_, metadata_, key);
+  if (!is_integer(v.element) || v.element == GgufValueType::ARRAY)
+    fail(path_, "metadata '" + key + "' is not an array of integers");
+  Reader r(path_, static_cast<const uint8_t*>(map_), map_size_);
+  r.take(v.offset, key);
+  std::vector<int64_t> out;
+  out.reserve(v.count);
+  for (uint64_t i = 0; i < v.count; ++i) out.push_back(read_scalar(r, v.element, key).integer);
+  return out;
+}
+
+std::vector<float> GgufFile::get_float_array(const std::string& key) const {
+  const GgufValue& v = array_value(path_, metadata_, key);
+  const bool floating = v.element == GgufValueType::F32 || v.element == GgufValueType::F64;
+  if (!floating && (!is_integer(v.element) || v.element == GgufValueType::ARRAY || v.element == GgufValueType::BOOL))
+    fail(path_, "metadata '" + key + "' is not an array of numbers");
+  Reader r(path_, static_cast<const uint8_t*>(map_), map_size_);
+  r.take(v.offset, key);
+  std::vector<float> out;
+  out.reserve(v.count);
+  for (uint64_t i = 0; i < v.count; ++i) {
+    const GgufValue e = read_scalar(r, v.element, key);
+    out.push_back(floating ? static_cast<float>(e.number) : static_cast<float>(e.integer));
+  }
+  return out;
 }
 
 const GgufTensorInfo& GgufFile::tensor(const std::string& name) const {
@@ -609,40 +664,51 @@ void write_gguf_model(const std::string& path, const ModelConfig& cfg,
   w.add_f32(k + "rope.freq_base", static_cast<float>(cfg.rope_theta));
   w.add_f32(k + "attention.layer_norm_rms_epsilon", static_cast<float>(cfg.rms_eps));
 
-  // A SentencePiece-shaped vocabulary: <unk>, <s>, </s>, the 256 byte tokens when they fit,
-  // then placeholders. Prompts are token ids, so only its size and special ids matter, but
-  // llama.cpp looks tokens up by text and wants them unique.
-  std::vector<std::string> tokens;
-  std::vector<float> scores;
-  std::vector<int32_t> types;  // llama_token_type: 1 normal, 2 unknown, 3 control, 6 byte
-  const bool bytes = cfg.vocab_size >= 3 + 256;
-  for (int64_t i = 0; i < cfg.vocab_size; ++i) {
-    std::string text;
-    int32_t type = 1;
-    if (i == 0) text = "<unk>", type = 2;
-    else if (i == cfg.bos_token_id) text = "<s>", type = 3;
-    else if (std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), i) != cfg.eos_token_ids.end())
-      text = "</s>" + (i == cfg.eos_token_ids.front() ? std::string() : std::to_string(i)), type = 3;
-    else if (bytes && i >= 3 && i < 3 + 256) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "<0x%02X>", static_cast<unsigned>(i - 3));
-      text = buf, type = 6;
-    } else {
-      text = "tok" + std::to_string(i);
+  if (cfg.vocab_size >= kMinByteLevelVocab) {
+    // The byte-level BPE vocabulary init-model gives HF models too (tokenizer_builder.h), so
+    // both formats made with the same flags tokenize alike.
+    const ByteLevelVocab v = build_byte_level_vocab(cfg.vocab_size, cfg.bos_token_id, cfg.eos_token_ids);
+    w.add_string("tokenizer.ggml.model", "gpt2");
+    w.add_string("tokenizer.ggml.pre", "gpt-2");
+    w.add_string_array("tokenizer.ggml.tokens", v.tokens);
+    w.add_i32_array("tokenizer.ggml.token_type", v.types);
+    w.add_string_array("tokenizer.ggml.merges", v.merges);
+    if (v.bos_id >= 0) w.add_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(v.bos_id));
+    if (!v.eos_ids.empty()) w.add_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(v.eos_ids.front()));
+    if (v.unk_id >= 0) w.add_u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(v.unk_id));
+    w.add_bool("tokenizer.ggml.add_bos_token", false);
+    w.add_bool("tokenizer.ggml.add_eos_token", false);
+    if (!v.chat_template.empty()) w.add_string("tokenizer.chat_template", v.chat_template);
+  } else {
+    // Too small for the 256 byte-level characters: a SentencePiece-shaped placeholder
+    // (<unk>, <s>, </s>, then placeholders) that llama.cpp loads; prompts to such a model are
+    // token ids, so only its size and special ids matter, but llama.cpp looks tokens up by
+    // text and wants them unique.
+    std::vector<std::string> tokens;
+    std::vector<float> scores;
+    std::vector<int32_t> types;  // llama_token_type: 1 normal, 2 unknown, 3 control
+    for (int64_t i = 0; i < cfg.vocab_size; ++i) {
+      std::string text;
+      int32_t type = 1;
+      if (i == 0) text = "<unk>", type = 2;
+      else if (i == cfg.bos_token_id) text = "<s>", type = 3;
+      else if (std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), i) != cfg.eos_token_ids.end())
+        text = "</s>" + (i == cfg.eos_token_ids.front() ? std::string() : std::to_string(i)), type = 3;
+      else text = "tok" + std::to_string(i);
+      tokens.push_back(text);
+      scores.push_back(type == 1 ? -static_cast<float>(i) : 0.0f);
+      types.push_back(type);
     }
-    tokens.push_back(text);
-    scores.push_back(type == 1 ? -static_cast<float>(i) : 0.0f);
-    types.push_back(type);
+    w.add_string("tokenizer.ggml.model", "llama");
+    w.add_string_array("tokenizer.ggml.tokens", tokens);
+    w.add_f32_array("tokenizer.ggml.scores", scores);
+    w.add_i32_array("tokenizer.ggml.token_type", types);
+    if (cfg.bos_token_id >= 0) w.add_u32("tokenizer.ggml.bos_token_id", cfg.bos_token_id);
+    if (!cfg.eos_token_ids.empty()) w.add_u32("tokenizer.ggml.eos_token_id", cfg.eos_token_ids.front());
+    w.add_u32("tokenizer.ggml.unknown_token_id", 0);
+    w.add_bool("tokenizer.ggml.add_bos_token", false);
+    w.add_bool("tokenizer.ggml.add_eos_token", false);
   }
-  w.add_string("tokenizer.ggml.model", "llama");
-  w.add_string_array("tokenizer.ggml.tokens", tokens);
-  w.add_f32_array("tokenizer.ggml.scores", scores);
-  w.add_i32_array("tokenizer.ggml.token_type", types);
-  if (cfg.bos_token_id >= 0) w.add_u32("tokenizer.ggml.bos_token_id", cfg.bos_token_id);
-  if (!cfg.eos_token_ids.empty()) w.add_u32("tokenizer.ggml.eos_token_id", cfg.eos_token_ids.front());
-  w.add_u32("tokenizer.ggml.unknown_token_id", 0);
-  w.add_bool("tokenizer.ggml.add_bos_token", false);
-  w.add_bool("tokenizer.ggml.add_eos_token", false);
 
   for (const auto& [hf_name, tensor] : hf_tensors) {
     const std::string name = gguf_tensor_name(hf_name);

@@ -42,7 +42,10 @@ struct GgufValue {
   double number = 0;        // float types
   std::string string;       // STRING
   GgufValueType element = GgufValueType::U8;  // ARRAY: element type
-  uint64_t count = 0;                         // ARRAY: element count (contents are skipped)
+  uint64_t count = 0;                         // ARRAY: element count
+  // ARRAY: where the elements start in the file; they are read on request (get_*_array), so
+  // opening a model does not copy a 150k-entry vocabulary it may never use.
+  uint64_t offset = 0;
 };
 
 struct GgufTensorInfo {
@@ -71,6 +74,12 @@ class GgufFile {
   int64_t get_int(const std::string& key) const;
   double get_float(const std::string& key) const;  // accepts integer values too
   const std::string& get_string(const std::string& key) const;
+  // Array metadata, read from the mapped file; a missing key or an array of another element
+  // type is an std::invalid_argument naming the file and the key. get_int_array accepts any
+  // integer element type (and bool), get_float_array F32/F64 and integers.
+  std::vector<std::string> get_string_array(const std::string& key) const;
+  std::vector<int64_t> get_int_array(const std::string& key) const;
+  std::vector<float> get_float_array(const std::string& key) const;
 
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
   const GgufTensorInfo& tensor(const std::string& name) const;
@@ -152,7 +161,8 @@ WeightMatrix load_gguf_matrix(const GgufFile& file, const ModelConfig& cfg, cons
                               const std::vector<int64_t>& expected);
 
 // Writes a model given as HF-named float tensors (hf_tensor_layout order) as one GGUF file
-// that llama.cpp loads: architecture metadata, a minimal llama vocabulary (token ids only),
+// that llama.cpp loads: architecture metadata, init-model's byte-level BPE tokenizer
+// (engine/text/tokenizer_builder.h; a placeholder vocabulary below its minimum size),
 // matrices in `dtype` (float32, float16 or bfloat16) and 1-D tensors in F32 (as llama.cpp's
 // converter does; their values are rounded through `dtype` first so both formats hold the
 // same numbers).

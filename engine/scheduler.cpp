@@ -216,14 +216,22 @@ void Scheduler::update(const StepBatch& computed, const std::vector<Sequence*>& 
     s.num_computed += st.num_new;
     stats_.computed_tokens += st.num_new;
     after_compute(s);
-    if (!st.sample) continue;
+    if (!st.sample && s.finish_requested.empty()) continue;
+    if (!st.sample) {
+      s.finish_reason = s.finish_requested;
+      ++finished_;
+      release(s);
+      running_.erase(std::find(running_.begin(), running_.end(), &s));
+      continue;
+    }
     const int64_t token = output.tokens.at(sampled++);
     s.tokens.push_back(token);
     if (s.num_output() == 1) s.first_token_time = now;
     s.last_token_time = now;
     const bool eos = !s.request.ignore_eos &&
                      std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end();
-    if (eos) s.finish_reason = "stop";
+    if (!s.finish_requested.empty()) s.finish_reason = s.finish_requested;
+    else if (eos) s.finish_reason = "stop";
     else if (s.num_output() >= s.request.max_new_tokens ||
              static_cast<int64_t>(s.tokens.size()) >= options_.max_context)
       s.finish_reason = "length";
@@ -233,6 +241,28 @@ void Scheduler::update(const StepBatch& computed, const std::vector<Sequence*>& 
       running_.erase(std::find(running_.begin(), running_.end(), &s));
     }
   }
+}
+
+bool Scheduler::finish(int64_t request_id, const std::string& reason) {
+  auto it = std::find_if(all_.begin(), all_.end(), [&](const std::unique_ptr<Sequence>& q) {
+    return q->request.id == request_id && !q->finished();
+  });
+  if (it == all_.end()) return false;
+  Sequence& s = **it;
+  if (s.in_flight) {
+    s.finish_requested = reason;
+    return true;
+  }
+  s.finish_reason = reason;
+  ++finished_;
+  release(s);
+  for (auto* list : {&pending_, &running_}) {
+    auto at = std::find(list->begin(), list->end(), &s);
+    if (at != list->end()) list->erase(at);
+  }
+  auto at = std::find(waiting_.begin(), waiting_.end(), &s);
+  if (at != waiting_.end()) waiting_.erase(at);
+  return true;
 }
 
 }  // namespace kvpipe

@@ -50,6 +50,7 @@ struct Sequence {
   int64_t hashed_blocks = 0;        // leading full blocks offered to the prefix cache
   uint64_t last_hash = 0;           // chain hash of block hashed_blocks - 1
   std::string finish_reason;        // empty while running
+  std::string finish_requested;     // finish() asked while in flight: applied on its return
   int64_t preemptions = 0;
   bool in_flight = false;           // part of a micro-batch whose tokens have not come back
   Clock::time_point arrival_time{}, first_token_time{}, last_token_time{};
@@ -96,6 +97,12 @@ class Scheduler {
   // sequences as they end. `computed` is the batch that ran.
   void update(const StepBatch& computed, const std::vector<Sequence*>& sequences,
               const StepOutput& output, const std::vector<int64_t>& eos_ids);
+
+  // Ends request `request_id` before its natural end (a stop string in its text, a client
+  // that went away) with `reason` as its finish_reason, freeing its blocks. A request in a
+  // micro-batch still in flight ends when that batch returns, keeping the token it brings.
+  // False when no unfinished request has that id.
+  bool finish(int64_t request_id, const std::string& reason);
 
   bool done() const { return pending_.empty() && waiting_.empty() && running_.empty(); }
   int64_t num_finished() const { return finished_; }

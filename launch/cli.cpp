@@ -8,11 +8,13 @@
 #include "launch/job_plan.h"
 #include "launch/device_plan.h"
 #include "launch/log.h"
+#include "launch/model_text.h"
 #include "launch/signals.h"
 #include "launch/slurm_script.h"
 #include "parallel/world.h"
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <exception>
@@ -141,7 +143,13 @@ int run_cli(int argc, char** argv) {
   auto* gen_cmd = app.add_subcommand("generate", "Run the job's requests; one JSON line per request on stdout");
   gen_cmd->add_option("--config", gen.config, "Job YAML file")->required();
   gen_cmd->add_option("--set", gen.overrides, "Override a config key: key.path=value (repeatable)");
-  gen_cmd->add_option("--prompt-ids", prompt_ids, "One request with these comma-separated token ids");
+  auto* prompt_ids_opt = gen_cmd->add_option("--prompt-ids", prompt_ids, "One request with these comma-separated token ids");
+  std::string prompt_text, chat_text;
+  auto* prompt_text_opt = gen_cmd->add_option("--prompt", prompt_text, "One request with this text as its prompt");
+  auto* chat_text_opt = gen_cmd->add_option(
+      "--chat", chat_text, "One request: this text as a user message, through the model's chat template");
+  prompt_ids_opt->excludes(prompt_text_opt)->excludes(chat_text_opt);
+  prompt_text_opt->excludes(chat_text_opt);
   auto* max_new_opt = gen_cmd->add_option("--max-new-tokens", max_new, "Tokens to generate per request");
   gen_cmd->add_option("--logprobs-out", gen.logprobs_out,
                       "Write each generated token's full-vocabulary log-probabilities (JSON lines)");
@@ -172,6 +180,16 @@ int run_cli(int argc, char** argv) {
                                         "cluster.nodes x cluster.gpus_per_node, else 1)")
                         ->check(CLI::PositiveNumber);
   val_cmd->add_option("--log-level", log_level, "error, warn, info (default) or debug")->check(log_levels);
+
+  // tokenize
+  std::string tok_config, tok_text, tok_chat;
+  std::vector<std::string> tok_overrides;
+  auto* tok_cmd = app.add_subcommand("tokenize", "Print the token ids (and pieces) a prompt of this text gets");
+  tok_cmd->add_option("--config", tok_config, "Job YAML file (its model: is the tokenizer)")->required();
+  tok_cmd->add_option("--set", tok_overrides, "Override a config key: key.path=value (repeatable)");
+  auto* tok_text_opt = tok_cmd->add_option("--text", tok_text, "The text of a prompt");
+  auto* tok_chat_opt = tok_cmd->add_option("--chat", tok_chat, "A user message, through the chat template");
+  tok_text_opt->excludes(tok_chat_opt);
 
   // slurm
   std::string slurm_config;
@@ -229,6 +247,27 @@ int run_cli(int argc, char** argv) {
       std::cout << "validate: " << validate_config << " is a valid job for " << ranks << " rank(s)\n";
     }, nullptr);
   }
+  if (tok_cmd->parsed()) {
+    if (report_problems(validate_job_config_file(tok_config, tok_overrides), tok_config))
+      return kExitBadInput;
+    return guarded([&] {
+      if (tok_text_opt->count() == 0 && tok_chat_opt->count() == 0)
+        throw std::invalid_argument("tokenize: give --text or --chat");
+      const JobConfig job = load_job_config(tok_config, tok_overrides);
+      const ModelText text(job.model.path);
+      RequestSpec spec;
+      if (tok_text_opt->count() > 0) spec.prompt = tok_text;
+      else spec.messages = {{"user", tok_chat}};
+      const std::string who = tok_text_opt->count() > 0 ? "--text" : "--chat";
+      const std::vector<int64_t> ids = text.prompt_ids(spec, who);
+      nlohmann::ordered_json out;
+      out["ids"] = ids;
+      nlohmann::ordered_json pieces = nlohmann::ordered_json::array();
+      for (int64_t id : ids) pieces.push_back(text.tokenizer()->piece(id));
+      out["pieces"] = pieces;
+      std::cout << out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+    }, nullptr);
+  }
   if (slurm_cmd->parsed()) {
     if (report_problems(validate_job_config_file(slurm_config, slurm_overrides), slurm_config))
       return kExitBadInput;
@@ -253,6 +292,8 @@ int run_cli(int argc, char** argv) {
       return;
     }
     if (!prompt_ids.empty()) gen.prompt_ids = parse_id_list(prompt_ids);
+    if (prompt_text_opt->count() > 0) gen.prompt_text = prompt_text;
+    if (chat_text_opt->count() > 0) gen.chat_text = chat_text;
     if (max_new_opt->count() > 0) gen.max_new_tokens = max_new;
     generate(gen, *world);
   }, world.get());

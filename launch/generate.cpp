@@ -6,7 +6,9 @@
 #include "launch/job_config.h"
 #include "launch/job_plan.h"
 #include "launch/job_runner.h"
+#include "engine/text/text_stream.h"
 #include "launch/log.h"
+#include "launch/model_text.h"
 #include "launch/signals.h"
 
 #include <ATen/ATen.h>
@@ -15,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <iostream>
 #include <numeric>
 #include <sstream>
@@ -25,16 +28,30 @@ namespace {
 
 using ordered_json = nlohmann::ordered_json;
 
-std::vector<Request> job_requests(const JobConfig& job, const GenerateOptions& o) {
+std::vector<Request> job_requests(const JobConfig& job, const GenerateOptions& o, const ModelText& text) {
   std::vector<RequestSpec> specs = job.requests;
-  if (!o.prompt_ids.empty()) specs = {RequestSpec{o.prompt_ids, 16, 0}};
+  std::string from_command_line;
+  RequestSpec one;
+  one.max_new_tokens = 16;
+  if (!o.prompt_ids.empty()) {
+    one.prompt_ids = o.prompt_ids;
+    from_command_line = "--prompt-ids";
+  } else if (o.prompt_text) {
+    one.prompt = o.prompt_text;
+    from_command_line = "--prompt";
+  } else if (o.chat_text) {
+    one.messages = {{"user", *o.chat_text}};
+    from_command_line = "--chat";
+  }
+  if (!from_command_line.empty()) specs = {one};
   if (specs.empty())
-    throw std::invalid_argument(job.source + ": no requests (add `requests:` or pass --prompt-ids)");
+    throw std::invalid_argument(job.source + ": no requests (add `requests:` or pass --prompt-ids, --prompt or --chat)");
   std::vector<Request> out;
   for (size_t i = 0; i < specs.size(); ++i) {
+    const std::string who = from_command_line.empty() ? "requests[" + std::to_string(i) + "]" : from_command_line;
     Request r;
     r.id = static_cast<int64_t>(i);
-    r.prompt = specs[i].prompt_ids;
+    r.prompt = text.prompt_ids(specs[i], who);
     r.max_new_tokens = o.max_new_tokens.value_or(specs[i].max_new_tokens);
     r.arrival_step = specs[i].arrival_step;
     r.sampling = SamplingParams{job.sampling.temperature, job.sampling.top_k, job.sampling.top_p,
@@ -67,11 +84,23 @@ void run_coordinator(const GenerateOptions& o, const JobConfig& job, const JobPl
   EngineOptions eo = engine_options(job, plan);
   eo.keep_logits = !o.logprobs_out.empty();
   eo.should_stop = [] { return stop_requested(); };
-  Engine engine(executor, plan.model, plan.partition.num_blocks, eo);
+  const ModelText text(job.model.path);
+  const Tokenizer* tokenizer = text.tokenizer();
+  if (!tokenizer && !job.sampling.stop.empty())
+    throw std::invalid_argument("sampling.stop: the model " + job.model.path + " has no tokenizer to read text with");
+  // The tokenizer's end-of-sequence tokens end a request too.
+  ModelConfig model = plan.model;
+  if (tokenizer)
+    for (int64_t id : tokenizer->eos_ids())
+      if (std::find(model.eos_token_ids.begin(), model.eos_token_ids.end(), id) == model.eos_token_ids.end())
+        model.eos_token_ids.push_back(id);
+  Engine engine(executor, model, plan.partition.num_blocks, eo);
   int64_t expected_tokens = 0;
-  for (const Request& r : job_requests(job, o)) {
+  std::map<int64_t, TextStream> streams;
+  for (const Request& r : job_requests(job, o, text)) {
     engine.add(r);
     expected_tokens += r.max_new_tokens;
+    if (tokenizer) streams.emplace(r.id, TextStream(*tokenizer, job.sampling.stop));
   }
   ProgressBar progress(expected_tokens, true);
 
@@ -83,6 +112,11 @@ void run_coordinator(const GenerateOptions& o, const JobConfig& job, const JobPl
   const auto t0 = Clock::now();
   engine.run([&](const TokenEvent& ev) {
     progress.advance(1);
+    if (tokenizer) {
+      TextStream& stream = streams.at(ev.request_id);
+      stream.push(ev.token);
+      if (stream.stopped()) engine.finish(ev.request_id, "stop");
+    }
     if (!logprobs.is_open()) return;
     ordered_json line;
     line["id"] = ev.request_id;
@@ -106,6 +140,11 @@ void run_coordinator(const GenerateOptions& o, const JobConfig& job, const JobPl
     line["prompt_ids"] = r.prompt_ids;
     line["output_ids"] = r.output_ids;
     line["finish_reason"] = r.finish_reason;
+    if (tokenizer) {
+      TextStream& stream = streams.at(r.id);
+      stream.finish();
+      line["text"] = stream.text();
+    }
     line["ttft_ms"] = std::round(r.ttft_ms * 1000.0) / 1000.0;
     line["tpot_ms"] = std::round(r.tpot_ms * 1000.0) / 1000.0;
     std::cout << line.dump() << "\n";

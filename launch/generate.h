@@ -12,7 +12,10 @@ namespace kvpipe {
 struct GenerateOptions {
   std::string config;
   std::vector<std::string> overrides;
-  std::vector<int64_t> prompt_ids;          // replaces the config's requests when given
+  // One of these replaces the config's requests when given.
+  std::vector<int64_t> prompt_ids;
+  std::optional<std::string> prompt_text;   // tokenised as `kvpipe tokenize` does
+  std::optional<std::string> chat_text;     // one user message through the chat template
   std::optional<int> max_new_tokens;        // applies to every request
   std::string logprobs_out;
 };

@@ -3,6 +3,7 @@
 #include "engine/gguf.h"
 #include "engine/model_weights.h"
 #include "engine/safetensors.h"
+#include "engine/text/tokenizer_builder.h"
 
 #include <ATen/ATen.h>
 
@@ -37,6 +38,11 @@ void init_model(const InitModelOptions& o) {
   std::filesystem::create_directories(o.out, ec);
   if (ec) throw std::invalid_argument(o.out + ": cannot create directory: " + ec.message());
   write_hf_config(o.config, o.out, o.dtype);
+  // The same tokenizer the GGUF format gets; a vocabulary too small for the byte-level
+  // alphabet gets none (prompts to such a model are token ids).
+  if (o.config.vocab_size >= kMinByteLevelVocab)
+    write_hf_tokenizer(build_byte_level_vocab(o.config.vocab_size, o.config.bos_token_id, o.config.eos_token_ids),
+                       o.out);
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& [name, shape] : hf_tensor_layout(o.config))
     tensors.emplace_back(name, random_tensor(name, shape, o.seed, o.std).to(dtype));

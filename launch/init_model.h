@@ -2,7 +2,9 @@
 //
 // The weights are a pure function of (shape, seed, std): each tensor is drawn from its own
 // name-seeded generator (random_tensor), so the same flags give the same bytes, and a
-// `dummy:<preset>` job sees exactly the weights `init-model --preset <preset>` writes.
+// `dummy:<preset>` job sees exactly the weights `init-model --preset <preset>` writes. Both
+// formats carry the same byte-level BPE tokenizer (engine/text/tokenizer_builder.h) when the
+// vocabulary holds at least its 259 base tokens.
 #pragma once
 
 #include "engine/model_config.h"

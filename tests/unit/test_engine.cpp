@@ -206,5 +206,43 @@ TEST(EngineRequests, StopsAtEos) {
   EXPECT_EQ(res.output_ids.size(), static_cast<size_t>(first - free_run.tokens.at(0).begin()) + 1);
 }
 
+TEST(EngineRequests, FinishEndsARequestEarlyAndFreesItsBlocks) {
+  const ModelConfig cfg = small_config(4, 2);
+  const ModelShard shard(random_weights(cfg, whole(cfg), 5, 0.1, at::kFloat));
+  BlockPool pool(shard.kv_shape(8), 32, at::kFloat, at::kCPU);
+  LocalExecutor executor(shard, pool);
+  EngineOptions o;
+  o.scheduler.block_size = 8;
+  o.scheduler.max_context = cfg.max_position;
+  o.scheduler.max_tokens_per_step = 8;  // request 2's prompt takes three steps
+  Engine engine(executor, cfg, 32, o);
+  engine.add(make_request(0, prompt_of(8, 0, cfg.vocab_size), 20));
+  engine.add(make_request(1, prompt_of(8, 1, cfg.vocab_size), 20));
+  engine.add(make_request(2, prompt_of(20, 2, cfg.vocab_size), 20, 1));
+  engine.add(make_request(3, prompt_of(8, 3, cfg.vocab_size), 20, 1000));  // never arrives
+  std::map<int64_t, int64_t> seen;
+  engine.run([&](const TokenEvent& ev) {
+    ++seen[ev.request_id];
+    // From the callback: the request is in flight, so the token it brings is kept.
+    if (ev.request_id == 0 && ev.index == 4) EXPECT_TRUE(engine.finish(0, "stop"));
+    if (ev.request_id == 1 && ev.index == 0) {
+      EXPECT_TRUE(engine.finish(2, "abort"));  // still computing its prompt
+      EXPECT_TRUE(engine.finish(3, "abort"));  // not arrived yet
+      EXPECT_FALSE(engine.finish(42, "abort"));
+    }
+  });
+  const std::vector<RequestResult> res = engine.results();
+  EXPECT_EQ(res[0].finish_reason, "stop");
+  EXPECT_EQ(res[0].output_ids.size(), 5u);
+  EXPECT_EQ(res[1].finish_reason, "length");
+  EXPECT_EQ(res[1].output_ids.size(), 20u);
+  EXPECT_EQ(res[2].finish_reason, "abort");
+  EXPECT_EQ(res[3].finish_reason, "abort");
+  EXPECT_TRUE(res[3].output_ids.empty());
+  EXPECT_FALSE(engine.finish(0, "stop"));  // already finished
+  EXPECT_EQ(engine.scheduler().blocks().num_used(), 0);
+  EXPECT_EQ(engine.unfinished(), 0);
+}
+
 }  // namespace
 }  // namespace kvpipe

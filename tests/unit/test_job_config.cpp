@@ -373,6 +373,28 @@ TEST(JobConfigOverrides, ErrorsPointAtTheOverride) {
   }
 }
 
+TEST(JobConfigParse, RequestsAsTextAndMessagesAndStopStrings) {
+  const JobConfig c = parse(std::string(kMinimal) +
+                            "sampling: {stop: [\"\\n\\n\", \"<|end|>\"]}\n"
+                            "requests:\n"
+                            "  - {prompt: \"Hello, world\", max_new_tokens: 4}\n"
+                            "  - messages: [{role: system, content: Be brief.}, {role: user, content: \"Hi\"}]\n"
+                            "  - {prompt_ids: [1, 2]}\n");
+  EXPECT_EQ(c.sampling.stop, (std::vector<std::string>{"\n\n", "<|end|>"}));
+  ASSERT_EQ(c.requests.size(), 3u);
+  EXPECT_EQ(c.requests[0].prompt.value_or(""), "Hello, world");
+  EXPECT_TRUE(c.requests[0].prompt_ids.empty());
+  ASSERT_EQ(c.requests[1].messages.size(), 2u);
+  EXPECT_EQ(c.requests[1].messages[0].role, "system");
+  EXPECT_EQ(c.requests[1].messages[0].content, "Be brief.");
+  EXPECT_EQ(c.requests[1].messages[1].content, "Hi");
+  EXPECT_FALSE(c.requests[2].prompt.has_value());
+  EXPECT_EQ(c.requests[2].prompt_ids, (std::vector<int64_t>{1, 2}));
+  // One stop string alone, as OpenAI's `stop` allows.
+  EXPECT_EQ(parse(std::string(kMinimal) + "sampling: {stop: END}\n").sampling.stop,
+            (std::vector<std::string>{"END"}));
+}
+
 TEST(JobConfigOverrides, FileErrorsKeepTheirLine) {
   const std::string message =
       parse_error("model: {path: m}\ncache:\n  block_size: 0\n", {"cache.memory=1GiB"});
@@ -426,6 +448,27 @@ INSTANTIATE_TEST_SUITE_P(
         MalformedCase{"UnknownRequestKey",
                       kModel + "requests:\n  - prompt_ids: [1]\n    max_tokens: 3\n",
                       {"job.yaml:5: ", "'requests[0].max_tokens'"}},
+        MalformedCase{"RequestWithTwoPrompts",
+                      kModel + "requests:\n  - {prompt_ids: [1], prompt: hi}\n",
+                      {"job.yaml:4: ", "requests[0]", "only one of"}},
+        MalformedCase{"RequestPromptEmpty",
+                      kModel + "requests:\n  - {prompt: \"\"}\n",
+                      {"job.yaml:4: ", "requests[0].prompt", "must not be empty"}},
+        MalformedCase{"MessageWithoutContent",
+                      kModel + "requests:\n  - messages: [{role: user}]\n",
+                      {"job.yaml:4: ", "requests[0].messages[0]", "'content' missing"}},
+        MalformedCase{"MessageUnknownKey",
+                      kModel + "requests:\n  - messages: [{role: user, content: hi, name: x}]\n",
+                      {"job.yaml:4: ", "'requests[0].messages[0].name'"}},
+        MalformedCase{"MessagesNotAList",
+                      kModel + "requests:\n  - messages: hello\n",
+                      {"job.yaml:4: ", "requests[0].messages", "list of messages"}},
+        MalformedCase{"StopNotStrings",
+                      kModel + "sampling: {stop: [[1]]}\n",
+                      {"job.yaml:3: ", "sampling.stop[0]", "expected a string"}},
+        MalformedCase{"StopEmptyString",
+                      kModel + "sampling: {stop: [\"\"]}\n",
+                      {"job.yaml:3: ", "sampling.stop[0]", "must not be empty"}},
         MalformedCase{"DuplicateKey",
                       kModel + "cache:\n  block_size: 8\n  block_size: 16\n",
                       {"job.yaml:5: ", "duplicate key 'cache.block_size'"}},
@@ -537,7 +580,7 @@ INSTANTIATE_TEST_SUITE_P(
                       {"job.yaml:3: requests[0]: ", "mapping"}},
         MalformedCase{"RequestWithoutPrompt",
                       kModel + "requests:\n  - prompt_ids: [1]\n  - max_new_tokens: 4\n",
-                      {"job.yaml:5: requests[1]: ", "prompt_ids"}},
+                      {"job.yaml:5: requests[1]: ", "'prompt_ids', 'prompt' or 'messages' missing"}},
         MalformedCase{"PromptEmpty",
                       kModel + "requests: [{prompt_ids: []}]\n",
                       {"job.yaml:3: requests[0].prompt_ids: ", "non-empty"}},
