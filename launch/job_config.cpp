@@ -510,9 +510,9 @@ class Validator {
 
   Reader optional_text(std::optional<std::string>* out) {
     return [this, out](const YAML::Node& n, const std::string& p) {
-      if (!n.IsScalar()) fail(n, p, "expected a string, got " + describe(n));
-      if (n.Scalar().empty()) fail(n, p, "must not be empty");
-      *out = n.Scalar();
+      std::string text;
+      non_empty_string(&text)(n, p);
+      *out = std::move(text);
     };
   }
 
@@ -527,9 +527,9 @@ class Validator {
         return;
       }
       for_each_element(n, p, "a string or a list of strings", [&](const YAML::Node& e, const std::string& ep) {
-        if (!e.IsScalar()) fail(e, ep, "expected a string, got " + describe(e));
-        if (e.Scalar().empty()) fail(e, ep, "must not be empty");
-        out->push_back(e.Scalar());
+        std::string text;
+        non_empty_string(&text)(e, ep);
+        out->push_back(std::move(text));
       });
     };
   }

@@ -17,4 +17,11 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& model_path) {
   return load_gguf_tokenizer(GgufFile(model_path));
 }
 
+int64_t Tokenizer::checked_id(int64_t id) const {
+  if (id < 0 || id >= vocab_size())
+    throw std::out_of_range("token id " + std::to_string(id) + " is outside the vocabulary (" +
+                            std::to_string(vocab_size()) + " tokens)");
+  return id;
+}
+
 }  // namespace kvpipe

@@ -69,6 +69,10 @@ class Tokenizer {
   // name and key, for error messages).
   virtual const std::string& chat_template() const = 0;
   virtual const std::string& chat_template_source() const = 0;
+
+ protected:
+  // `id`, or std::out_of_range naming it when it is outside the vocabulary.
+  int64_t checked_id(int64_t id) const;
 };
 
 }  // namespace kvpipe

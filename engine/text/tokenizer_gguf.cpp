@@ -91,8 +91,8 @@ class GgufTokenizer final : public Tokenizer {
   std::string token_bytes(int64_t id) const override;
   std::string decode(const std::vector<int64_t>& ids, bool skip_special) const override;
   bool strips_leading_space() const override { return add_space_prefix_; }
-  std::string piece(int64_t id) const override { return tokens_.at(check(id)); }
-  bool is_special(int64_t id) const override { return (attrs_.at(check(id)) & (kControl | kUnknown)) != 0; }
+  std::string piece(int64_t id) const override { return tokens_.at(checked_id(id)); }
+  bool is_special(int64_t id) const override { return (attrs_.at(checked_id(id)) & (kControl | kUnknown)) != 0; }
   int64_t vocab_size() const override { return static_cast<int64_t>(tokens_.size()); }
   int64_t bos_id() const override { return bos_; }
   std::vector<int64_t> eos_ids() const override { return eos_; }
@@ -101,12 +101,6 @@ class GgufTokenizer final : public Tokenizer {
   const std::string& chat_template_source() const override { return chat_template_source_; }
 
  private:
-  int64_t check(int64_t id) const {
-    if (id < 0 || id >= vocab_size())
-      throw std::out_of_range("token id " + std::to_string(id) + " is outside the vocabulary (" +
-                              std::to_string(vocab_size()) + " tokens)");
-    return id;
-  }
   // llama.cpp's token_to_piece(special = true) without lstrip.
   std::string piece_text(int64_t id) const;
   void encode_bpe(const std::string& fragment, std::vector<int64_t>& out) const;
@@ -421,13 +415,13 @@ std::string GgufTokenizer::piece_text(int64_t id) const {
   return "";
 }
 
-std::string GgufTokenizer::token_bytes(int64_t id) const { return piece_text(check(id)); }
+std::string GgufTokenizer::token_bytes(int64_t id) const { return piece_text(checked_id(id)); }
 
 std::string GgufTokenizer::decode(const std::vector<int64_t>& ids, bool skip_special) const {
   std::string text;
   bool remove_space = add_space_prefix_;
   for (int64_t id : ids) {
-    check(id);
+    checked_id(id);
     std::string p = (skip_special && (attrs_[id] & (kControl | kUnknown))) ? std::string() : piece_text(id);
     if (remove_space && !p.empty() && p[0] == ' ') p.erase(0, 1);
     remove_space = false;

@@ -514,8 +514,8 @@ class HfTokenizer final : public Tokenizer {
   std::string token_bytes(int64_t id) const override;
   std::string decode(const std::vector<int64_t>& ids, bool skip_special) const override;
   bool strips_leading_space() const override { return strips_leading_space_; }
-  std::string piece(int64_t id) const override { return pieces_.at(check(id)); }
-  bool is_special(int64_t id) const override { return special_.at(check(id)) != 0; }
+  std::string piece(int64_t id) const override { return pieces_.at(checked_id(id)); }
+  bool is_special(int64_t id) const override { return special_.at(checked_id(id)) != 0; }
   int64_t vocab_size() const override { return static_cast<int64_t>(pieces_.size()); }
   int64_t bos_id() const override { return bos_; }
   std::vector<int64_t> eos_ids() const override { return eos_; }
@@ -524,12 +524,6 @@ class HfTokenizer final : public Tokenizer {
   const std::string& chat_template_source() const override { return chat_template_source_; }
 
  private:
-  int64_t check(int64_t id) const {
-    if (id < 0 || id >= vocab_size())
-      throw std::out_of_range("token id " + std::to_string(id) + " is outside the vocabulary (" +
-                              std::to_string(vocab_size()) + " tokens)");
-    return id;
-  }
   std::string normalize(const std::string& s) const {
     std::string out = s;
     for (const auto& n : normalizers_) out = n.apply(out);
@@ -859,7 +853,7 @@ std::vector<int64_t> HfTokenizer::encode(const std::string& raw, bool add_specia
 }
 
 std::string HfTokenizer::token_bytes(int64_t id) const {
-  std::vector<std::string> tokens = {pieces_.at(check(id))};
+  std::vector<std::string> tokens = {pieces_.at(checked_id(id))};
   if (!has_decoder_) return tokens.front();
   for (const auto& d : decoders_) d.apply(tokens, true);
   std::string out;
@@ -870,7 +864,7 @@ std::string HfTokenizer::token_bytes(int64_t id) const {
 std::string HfTokenizer::decode(const std::vector<int64_t>& ids, bool skip_special) const {
   std::vector<std::string> tokens;
   for (int64_t id : ids) {
-    check(id);
+    checked_id(id);
     if (skip_special && special_[id]) continue;
     tokens.push_back(pieces_[id]);
   }
