@@ -21,13 +21,16 @@ class LaunchValidate : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new fs::path(kvpipe::testing::make_scratch_dir());
-    // The CPU jobs of configs/ name models/tiny and configs/models/..., relative to the
-    // working directory: give them both in a scratch directory.
+    // The CPU jobs of configs/ name models/tiny, models/SmolLM2-... (linked by
+    // scripts/setup.sh) and configs/models/..., relative to the working directory: give them
+    // all in a scratch directory.
     const CommandResult r = kvpipe::testing::run_command(
         std::string(KVPIPE_BINARY) + " init-model --out " + (*dir_ / "models" / "tiny").string() + " --preset tiny",
         *dir_);
     ASSERT_EQ(r.code, 0) << r.err;
     fs::create_directory_symlink(fs::path(KVPIPE_SOURCE_DIR) / "configs", *dir_ / "configs");
+    const std::string smollm2 = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    fs::create_symlink(fs::canonical(fs::path(KVPIPE_SOURCE_DIR) / smollm2), *dir_ / smollm2);
   }
   static void TearDownTestSuite() {
     fs::remove_all(*dir_);
