@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <thread>
 
@@ -79,7 +80,8 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
       f.batch = scheduler_.schedule(step, f.seqs, static_cast<int64_t>(executor_.max_in_flight()));
       if (f.batch.seqs.empty()) break;
       ++step;
-      f.batch.want_logits = options_.keep_logits;
+      f.batch.want_logits = options_.keep_logits ||
+                            std::any_of(f.seqs.begin(), f.seqs.end(), [](const Sequence* s) { return s->request.want_logits; });
       f.record.micro_batch = submitted_++;
       f.record.sequences = static_cast<int64_t>(f.batch.seqs.size());
       for (const SeqStep& s : f.batch.seqs) {
@@ -96,7 +98,7 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
         const std::optional<Clock::time_point> next = source->next_arrival();
         if (!next) throw std::logic_error("request source is idle with nothing in flight and nothing due");
         const Clock::time_point begin = Clock::now();
-        std::this_thread::sleep_until(*next);
+        source->wait_until(*next);
         if (options_.trace) options_.trace->record(SpanKind::kIdle, -1, begin, Clock::now());
         continue;
       }
@@ -126,9 +128,25 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
       }
     }
     scheduler_.update(f.batch, f.seqs, out, model_.eos_token_ids);
+    if (options_.on_finished)
+      for (const Sequence* s : f.seqs)
+        if (s->finished()) options_.on_finished(*s);
     f.record.blocks_used = scheduler_.blocks().num_used();
     stats_.step_records.push_back(f.record);
   }
+}
+
+bool Engine::finish(int64_t request_id, const std::string& reason) {
+  if (!scheduler_.finish(request_id, reason)) return false;
+  if (options_.on_finished) {
+    // Not in flight: it ended now (otherwise when its micro-batch returns, in run()).
+    for (const auto& s : scheduler_.sequences())
+      if (s->request.id == request_id && s->finished() && s->finish_reason == reason && !s->in_flight) {
+        options_.on_finished(*s);
+        break;
+      }
+  }
+  return true;
 }
 
 std::vector<RequestResult> Engine::results() const {

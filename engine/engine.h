@@ -16,6 +16,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace kvpipe {
@@ -90,11 +91,16 @@ class RequestSource {
   // When the next request is due if no other event comes first; nullopt when none is due
   // by time (closed loop, or exhausted).
   virtual std::optional<Clock::time_point> next_arrival() const = 0;
+  // Idles until `until` while nothing runs; a source fed from outside (a server) returns as
+  // soon as something arrives.
+  virtual void wait_until(Clock::time_point until) { std::this_thread::sleep_until(until); }
 };
 
 struct EngineOptions {
   SchedulerOptions scheduler;
-  bool keep_logits = false;
+  bool keep_logits = false;          // every request's logits (otherwise those with want_logits)
+  // Called once for every request as it finishes (its finish_reason set, its blocks freed).
+  std::function<void(const Sequence&)> on_finished;
   // Polled before each step: once it returns true, run() schedules nothing new, collects the
   // micro-batches in flight and returns (a job stopped by SIGINT/SIGTERM).
   std::function<bool()> should_stop;
@@ -136,7 +142,10 @@ class Engine {
   void run(const std::function<void(const TokenEvent&)>& on_token = {});
 
   // Ends a request early (Scheduler::finish); callable from the on_token callback.
-  bool finish(int64_t request_id, const std::string& reason) { return scheduler_.finish(request_id, reason); }
+  bool finish(int64_t request_id, const std::string& reason);
+
+  // Forgets finished requests (Scheduler::erase_finished): results() no longer lists them.
+  void erase_finished() { scheduler_.erase_finished(); }
 
   // Replaces EngineOptions::source for the next run() (null: none).
   void set_source(RequestSource* source) { options_.source = source; }

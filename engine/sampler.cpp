@@ -63,7 +63,7 @@ int64_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p
   const Candidates c = sampling_candidates(logits, vocab, p);
   if (c.tokens.size() == 1) return c.tokens[0];
   const uint64_t seed =
-      splitmix64(splitmix64(splitmix64(p.seed) ^ static_cast<uint64_t>(request_id)) ^
+      splitmix64(splitmix64(splitmix64(p.seed) ^ static_cast<uint64_t>(p.stream >= 0 ? p.stream : request_id)) ^
                  static_cast<uint64_t>(output_index));
   std::mt19937_64 rng(seed);
   const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);

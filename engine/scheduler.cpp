@@ -20,6 +20,24 @@ int64_t Scheduler::max_blocks_held(int64_t tokens) const {
   return std::min(all, windowed);
 }
 
+int64_t Scheduler::max_request_tokens() const {
+  // add() accepts a request when its longest sequence (prompt + outputs - 1) fits.
+  int64_t lo = 1, hi = options_.max_context;
+  if (max_blocks_held(lo) > blocks_.num_blocks()) return 0;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (max_blocks_held(mid) <= blocks_.num_blocks()) lo = mid;
+    else hi = mid - 1;
+  }
+  return std::min(lo + 1, options_.max_context);
+}
+
+void Scheduler::erase_finished() {
+  all_.erase(std::remove_if(all_.begin(), all_.end(),
+                            [](const std::unique_ptr<Sequence>& s) { return s->finished() && !s->in_flight; }),
+             all_.end());
+}
+
 Sequence* Scheduler::add(const Request& r) {
   const std::string who = "request " + std::to_string(r.id);
   const int64_t prompt = static_cast<int64_t>(r.prompt.size());
@@ -86,6 +104,7 @@ void Scheduler::admit_prefix(Sequence& seq) {
   }
   seq.hashed_blocks = static_cast<int64_t>(hit.size());
   seq.num_computed = static_cast<int64_t>(hit.size()) * options_.block_size;
+  if (seq.preemptions == 0) seq.cached_tokens = seq.num_computed;
 }
 
 void Scheduler::after_compute(Sequence& seq) {
@@ -136,7 +155,18 @@ StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences, i
   batch.window_recent = options_.window_recent;
   sequences.clear();
   int64_t budget = options_.max_tokens_per_step;
+  // Prompt tokens allowed beside running decodes (those in flight count: their next token
+  // waits for this micro-batch too in a pipeline).
+  int64_t prefill_budget = budget;
+  const auto decoding = [](const Sequence* s) {
+    return s->num_output() > 0 && static_cast<int64_t>(s->tokens.size()) - s->num_computed == 1;
+  };
+  if (options_.max_prefill_tokens_per_step > 0 && std::any_of(running_.begin(), running_.end(), decoding))
+    prefill_budget = options_.max_prefill_tokens_per_step;
+  auto is_prefill = [](const Sequence& s) { return static_cast<int64_t>(s.tokens.size()) - s.num_computed > 1; };
   auto take = [&](Sequence& s, int64_t n) {
+    if (is_prefill(s)) prefill_budget -= n;
+    if (s.scheduled_time == Clock::time_point{}) s.scheduled_time = now;
     SeqStep st;
     st.request_id = s.request.id;
     st.context_len = s.num_computed;
@@ -168,7 +198,9 @@ StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences, i
     if (budget <= 0 || static_cast<int64_t>(batch.seqs.size()) >= seats) break;
     Sequence& s = *cand;
     if (std::find(running_.begin(), running_.end(), &s) == running_.end()) continue;  // preempted above
-    const int64_t n = chunk_of(s, budget);
+    const bool prefill = is_prefill(s);
+    if (prefill && prefill_budget <= 0) continue;
+    const int64_t n = chunk_of(s, prefill ? std::min(budget, prefill_budget) : budget);
     bool stalled = false;
     while (!grow(s, s.num_computed + n)) {
       Sequence* v = victim();
@@ -188,11 +220,11 @@ StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences, i
   }
 
   // New admissions only when nothing had to be preempted: admitting would just thrash.
-  while (!preempted && !waiting_.empty() && budget > 0 &&
+  while (!preempted && !waiting_.empty() && budget > 0 && prefill_budget > 0 &&
          static_cast<int64_t>(batch.seqs.size()) < seats) {
     Sequence& s = *waiting_.front();
     admit_prefix(s);
-    const int64_t n = chunk_of(s, budget);
+    const int64_t n = chunk_of(s, is_prefill(s) ? std::min(budget, prefill_budget) : budget);
     if (!grow(s, s.num_computed + n)) {
       release(s);  // give the prefix back: it may wait a long time
       s.num_computed = 0;

@@ -40,6 +40,7 @@ struct Request {
   Clock::time_point arrival_time{};
   SamplingParams sampling;
   bool ignore_eos = false;
+  bool want_logits = false;         // the raw logits of every sampled token (log-probabilities)
 };
 
 struct Sequence {
@@ -52,8 +53,10 @@ struct Sequence {
   std::string finish_reason;        // empty while running
   std::string finish_requested;     // finish() asked while in flight: applied on its return
   int64_t preemptions = 0;
+  int64_t cached_tokens = 0;        // prompt tokens found in the prefix cache when first admitted
   bool in_flight = false;           // part of a micro-batch whose tokens have not come back
   Clock::time_point arrival_time{}, first_token_time{}, last_token_time{};
+  Clock::time_point scheduled_time{};  // first put into a micro-batch (end of its queue time)
 
   int64_t num_output() const { return static_cast<int64_t>(tokens.size() - request.prompt.size()); }
   bool finished() const { return !finish_reason.empty(); }
@@ -63,6 +66,10 @@ struct SchedulerOptions {
   int64_t block_size = 16;
   int64_t max_batch = 32;
   int64_t max_tokens_per_step = 2048;
+  // While any sequence decodes, prompt chunks (and recomputation) of one micro-batch take at
+  // most this many tokens, so that a long prompt does not stretch the running requests' next
+  // token (Sarathi-style chunked prefill). 0: only max_tokens_per_step limits them.
+  int64_t max_prefill_tokens_per_step = 0;
   int64_t max_context = 2048;       // the model's context length
   bool prefix_reuse = false;
   int64_t window_sinks = 0;
@@ -105,6 +112,13 @@ class Scheduler {
   bool finish(int64_t request_id, const std::string& reason);
 
   bool done() const { return pending_.empty() && waiting_.empty() && running_.empty(); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  int64_t num_waiting() const { return static_cast<int64_t>(pending_.size() + waiting_.size()); }
+  // The most tokens (prompt + output) one request may hold: what add() accepts at most.
+  int64_t max_request_tokens() const;
+  // Forgets finished sequences (a long-running server would otherwise keep every one); their
+  // results are gone from sequences() afterwards.
+  void erase_finished();
   int64_t num_finished() const { return finished_; }
   const SchedulerStats& stats() const { return stats_; }
   const BlockManager& blocks() const { return blocks_; }

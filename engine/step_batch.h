@@ -20,6 +20,9 @@ struct SamplingParams {
   int top_k = 0;             // 0 = off
   double top_p = 1.0;
   uint64_t seed = 0;
+  // The random stream a request draws from together with `seed`: -1 is the request's own id.
+  // A server sets it so that equal seeds give equal samples whatever id a request gets.
+  int64_t stream = -1;
 };
 
 struct SeqStep {

@@ -353,7 +353,8 @@ class Validator {
 
   std::vector<Field> scheduler_fields(SchedulerSection& s) {
     return {{"max_batch", integer(&s.max_batch, 1, kIntMax)},
-            {"max_tokens_per_step", integer(&s.max_tokens_per_step, 1, kIntMax)}};
+            {"max_tokens_per_step", integer(&s.max_tokens_per_step, 1, kIntMax)},
+            {"max_prefill_tokens_per_step", integer(&s.max_prefill_tokens_per_step, 0, kIntMax)}};
   }
 
   std::vector<Field> sampling_fields(SamplingSection& s) {

@@ -61,6 +61,7 @@ struct CacheSection {
 struct SchedulerSection {
   int max_batch = 32;
   int max_tokens_per_step = 2048;
+  int max_prefill_tokens_per_step = 0;  // 0: no separate limit while requests decode
 };
 
 struct SamplingSection {

@@ -27,6 +27,7 @@ EngineOptions engine_options(const JobConfig& job, const JobPlan& plan) {
   eo.scheduler.block_size = plan.block_size;
   eo.scheduler.max_batch = job.scheduler.max_batch;
   eo.scheduler.max_tokens_per_step = job.scheduler.max_tokens_per_step;
+  eo.scheduler.max_prefill_tokens_per_step = job.scheduler.max_prefill_tokens_per_step;
   eo.scheduler.max_context = plan.model.max_position;
   eo.scheduler.prefix_reuse = job.cache.prefix_reuse;
   eo.scheduler.window_sinks = job.cache.window_sinks;
