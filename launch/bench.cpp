@@ -1,6 +1,7 @@
 #include "launch/bench.h"
 
 #include "engine/kernels/cpu/blas_gemm.h"
+#include "launch/bench_endpoint.h"
 #include "launch/bench_report.h"
 #include "launch/device_plan.h"
 #include "launch/job_config.h"
@@ -66,18 +67,6 @@ struct Measured {
   int64_t preemptions = 0, recomputed_tokens = 0, computed_tokens = 0, peak_blocks_used = 0;
   std::vector<OpTotal> top_ops;
 };
-
-double round3(double v) { return std::round(v * 1000.0) / 1000.0; }
-
-void check_workload(const JobConfig& job, const JobPlan& plan) {
-  const WorkloadSection& w = job.workload;
-  const int64_t context = plan.model.max_position;
-  if (static_cast<int64_t>(w.prompt_len.hi) + w.output_len.hi > context) {
-    throw std::invalid_argument(job.source + ": workload.prompt_len + workload.output_len reach " +
-                                std::to_string(static_cast<int64_t>(w.prompt_len.hi) + w.output_len.hi) +
-                                " tokens, more than the model's context of " + std::to_string(context));
-  }
-}
 
 std::vector<Request> to_requests(const std::vector<WorkloadRequest>& drawn, int64_t first_id, const JobConfig& job) {
   std::vector<Request> out;
@@ -204,11 +193,6 @@ ordered_json memory_json(const MemorySpec& m) {
   return nullptr;
 }
 
-ordered_json length_json(const LengthRange& r) {
-  ordered_json j = ordered_json::array({r.lo, r.hi});
-  return j;
-}
-
 struct ReportInputs {
   const BenchOptions& options;
   const JobConfig& job;
@@ -231,23 +215,8 @@ ordered_json make_report(const ReportInputs& in) {
   for (const RequestRow& r : m.rows) prompt_tokens += r.prompt_tokens, output_tokens += r.output_tokens;
 
   ordered_json report;
-  report["kvpipe"] = {{"version", KVPIPE_VERSION},
-                      {"git", KVPIPE_GIT_COMMIT},
-                      {"build_type", KVPIPE_BUILD_TYPE},
-                      {"compiler", KVPIPE_COMPILER},
-                      {"torch", TORCH_VERSION},
-#ifdef KVPIPE_HAVE_NCCL
-                      {"nccl", true},
-#else
-                      {"nccl", false},
-#endif
-                      {"nccl_version", nccl_version()},
-                      {"cpu_blas", cpu_blas_name()}};
-  report["machine"] = {{"hostname", host_name()},
-                       {"cpu", cpu_model()},
-                       {"cores", std::thread::hardware_concurrency()},
-                       {"memory_bytes", host_memory_bytes()},
-                       {"gpus", at::detail::getCUDAHooks().getNumGPUs()}};
+  report["kvpipe"] = bench_build_json();
+  report["machine"] = bench_machine_json();
   report["world_size"] = in.world.size();
   report["backend"] = in.outcome.backend;
   report["threads_per_rank"] = job.runtime.threads;
@@ -270,18 +239,7 @@ ordered_json make_report(const ReportInputs& in) {
       {"scheduler", {{"max_batch", job.scheduler.max_batch}, {"max_tokens_per_step", job.scheduler.max_tokens_per_step}}},
       {"sampling", {{"temperature", job.sampling.temperature}, {"top_k", job.sampling.top_k},
                     {"top_p", job.sampling.top_p}, {"seed", job.sampling.seed}}}};
-  ordered_json workload = {{"mode", w.rate > 0 ? "open" : "closed"},
-                           {"requests", w.requests},
-                           {"prompt_len", length_json(w.prompt_len)},
-                           {"output_len", length_json(w.output_len)},
-                           {"shared_prefix", w.shared_prefix},
-                           {"concurrency", w.concurrency},
-                           {"rate", w.rate},
-                           {"warmup", w.warmup},
-                           {"seed", w.seed}};
-  if (!w.prompt_len.file.empty()) workload["prompt_len_file"] = w.prompt_len.file;
-  if (!w.output_len.file.empty()) workload["output_len_file"] = w.output_len.file;
-  report["workload"] = workload;
+  report["workload"] = workload_json(w);
   report["stopped"] = m.stopped;
   report["requests"] = {{"completed", static_cast<int64_t>(m.rows.size())},
                         {"prompt_tokens", prompt_tokens},
@@ -367,12 +325,6 @@ void write_csv(const std::string& path, const std::vector<RequestRow>& rows) {
   }
 }
 
-void write_json(const std::string& path, const ordered_json& j, int indent) {
-  std::ofstream out(path);
-  if (!out) throw std::invalid_argument("--out: cannot write " + path);
-  out << j.dump(indent) << "\n";
-}
-
 // The one-screen summary on stdout.
 void print_summary(std::ostream& os, const ordered_json& r, const std::string& dir) {
   char buf[256];
@@ -441,12 +393,39 @@ void print_summary(std::ostream& os, const ordered_json& r, const std::string& d
 
 }  // namespace
 
+ordered_json bench_build_json() {
+  return ordered_json{{"version", KVPIPE_VERSION},
+                      {"git", KVPIPE_GIT_COMMIT},
+                      {"build_type", KVPIPE_BUILD_TYPE},
+                      {"compiler", KVPIPE_COMPILER},
+                      {"torch", TORCH_VERSION},
+#ifdef KVPIPE_HAVE_NCCL
+                      {"nccl", true},
+#else
+                      {"nccl", false},
+#endif
+                      {"nccl_version", nccl_version()},
+                      {"cpu_blas", cpu_blas_name()}};
+}
+
+ordered_json bench_machine_json() {
+  return ordered_json{{"hostname", host_name()},
+                      {"cpu", cpu_model()},
+                      {"cores", std::thread::hardware_concurrency()},
+                      {"memory_bytes", host_memory_bytes()},
+                      {"gpus", at::detail::getCUDAHooks().getNumGPUs()}};
+}
+
 void bench(const BenchOptions& o, World& world) {
+  if (!o.endpoint.empty()) {
+    if (world.is_coordinator()) bench_endpoint(o);
+    return;
+  }
   if (o.out_dir.empty()) throw std::invalid_argument("--out: an output directory is required");
   const JobConfig job = load_job_config(o.config, o.overrides);
   const JobPlan plan = plan_job(job, world.size());
   // Before anything is loaded or logged: a workload that cannot run is bad input.
-  check_workload(job, plan);
+  check_workload_fits(job, plan.model.max_position);
   if (world.is_coordinator()) {
     std::error_code ec;
     std::filesystem::create_directories(o.out_dir, ec);

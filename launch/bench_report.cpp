@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <numeric>
+#include <stdexcept>
 
 namespace kvpipe {
 
@@ -30,14 +32,33 @@ Distribution summarize(std::vector<double> values) {
   return d;
 }
 
-namespace {
 double round3(double v) { return std::round(v * 1000.0) / 1000.0; }
-}  // namespace
 
 ordered_json to_json(const Distribution& d) {
   return ordered_json{{"count", d.count},       {"mean", round3(d.mean)}, {"median", round3(d.median)},
                       {"p90", round3(d.p90)},   {"p99", round3(d.p99)},   {"min", round3(d.min)},
                       {"max", round3(d.max)}};
+}
+
+ordered_json workload_json(const WorkloadSection& w) {
+  ordered_json workload = {{"mode", w.rate > 0 ? "open" : "closed"},
+                           {"requests", w.requests},
+                           {"prompt_len", ordered_json::array({w.prompt_len.lo, w.prompt_len.hi})},
+                           {"output_len", ordered_json::array({w.output_len.lo, w.output_len.hi})},
+                           {"shared_prefix", w.shared_prefix},
+                           {"concurrency", w.concurrency},
+                           {"rate", w.rate},
+                           {"warmup", w.warmup},
+                           {"seed", w.seed}};
+  if (!w.prompt_len.file.empty()) workload["prompt_len_file"] = w.prompt_len.file;
+  if (!w.output_len.file.empty()) workload["output_len_file"] = w.output_len.file;
+  return workload;
+}
+
+void write_json(const std::string& path, const ordered_json& j, int indent) {
+  std::ofstream out(path);
+  if (!out) throw std::invalid_argument("--out: cannot write " + path);
+  out << j.dump(indent) << "\n";
 }
 
 RankBreakdown breakdown(const std::vector<TraceSpan>& spans, double from_us, double to_us) {

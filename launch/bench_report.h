@@ -7,6 +7,7 @@
 // four fractions sum to 1.
 #pragma once
 
+#include "launch/job_config.h"
 #include "parallel/trace_recorder.h"
 
 #include <nlohmann/json.hpp>
@@ -22,10 +23,19 @@ struct Distribution {
   double mean = 0, median = 0, p90 = 0, p99 = 0, min = 0, max = 0;
 };
 
+// `v` rounded to 3 decimals, as report.json keeps its figures.
+double round3(double v);
+
 // q in [0, 1] of already sorted values; 0 when empty.
 double percentile(const std::vector<double>& sorted, double q);
 Distribution summarize(std::vector<double> values);
 nlohmann::ordered_json to_json(const Distribution& d);
+
+// report.json's "workload" section: the loop mode, lengths, prefix, concurrency, rate, seed.
+nlohmann::ordered_json workload_json(const WorkloadSection& w);
+
+// Writes `j` to `path` (`indent` as json::dump); invalid_argument naming --out if it cannot.
+void write_json(const std::string& path, const nlohmann::ordered_json& j, int indent);
 
 struct RankBreakdown {
   double compute = 0, comm = 0, wait = 0, idle = 0;  // fractions of total_s

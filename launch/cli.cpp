@@ -2,6 +2,7 @@
 
 #include "engine/model_config.h"
 #include "launch/bench.h"
+#include "launch/bench_endpoint.h"
 #include "launch/generate.h"
 #include "launch/init_model.h"
 #include "launch/job_config.h"
@@ -9,6 +10,7 @@
 #include "launch/device_plan.h"
 #include "launch/log.h"
 #include "launch/model_text.h"
+#include "launch/serve.h"
 #include "launch/signals.h"
 #include "launch/slurm_script.h"
 #include "parallel/world.h"
@@ -167,6 +169,16 @@ int run_cli(int argc, char** argv) {
   bench_cmd->add_flag("--profile", bench_opts.profile,
                       "Also profile LibTorch operators on rank 0 (profile_rank0.json)");
   bench_cmd->add_option("--log-level", log_level, "error, warn, info (default) or debug")->check(log_levels);
+  auto* endpoint_opt = bench_cmd->add_option(
+      "--endpoint", bench_opts.endpoint,
+      "Send the workload to this OpenAI-compatible server (http://host:port) instead of running it");
+  bench_cmd->add_option("--api-key", bench_opts.api_key, "Bearer token for --endpoint")->needs(endpoint_opt);
+  bench_cmd->add_option("--model", bench_opts.model, "Model name for --endpoint (default: its first /v1/models)")
+      ->needs(endpoint_opt);
+  bench_cmd
+      ->add_option("--goodput", bench_opts.goodput,
+                   "SLO for goodput with --endpoint: ttft:MS, tpot:MS or e2el:MS (repeatable)")
+      ->needs(endpoint_opt);
 
   // validate
   std::string validate_config;
@@ -197,6 +209,25 @@ int run_cli(int argc, char** argv) {
   auto* slurm_cmd = app.add_subcommand("slurm", "Print an sbatch script that runs the job's cluster: section");
   slurm_cmd->add_option("--config", slurm_config, "Job YAML file with a cluster: section")->required();
   slurm_cmd->add_option("--set", slurm_overrides, "Override a config key (passed on to generate)");
+
+  // serve
+  ServeOptions serve_opts;
+  auto* serve_cmd = app.add_subcommand("serve", "Serve the model over OpenAI's HTTP API (rank 0 listens)");
+  serve_cmd->add_option("--config", serve_opts.config, "Job YAML file")->required();
+  serve_cmd->add_option("--set", serve_opts.overrides, "Override a config key: key.path=value (repeatable)");
+  serve_cmd->add_option("--host", serve_opts.host, "Address to listen on (default 127.0.0.1)");
+  serve_cmd->add_option("--port", serve_opts.port, "Port to listen on (default 8000; 0: any free port)");
+  serve_cmd->add_option("--api-key", serve_opts.api_key, "Require Authorization: Bearer KEY on /v1/*, /tokenize, /detokenize");
+  serve_cmd->add_option("--served-model-name", serve_opts.served_model_name,
+                        "The model's name in the API (default: the model file's name)");
+  serve_cmd->add_option("--http-threads", serve_opts.http_threads,
+                        "HTTP threads (default 512): each open stream holds one");
+  serve_cmd->add_option("--max-requests", serve_opts.max_requests,
+                        "Unfinished requests (choices) accepted before answering 503 (default 1024)");
+  serve_cmd->add_option("--max-body-bytes", serve_opts.max_body_bytes, "Largest request body (default 8 MiB; larger: 413)");
+  serve_cmd->add_option("--shutdown-timeout", serve_opts.shutdown_timeout_s,
+                        "Seconds that requests in flight get to finish after SIGINT/SIGTERM (default 30)");
+  serve_cmd->add_option("--log-level", log_level, "error, warn, info (default) or debug")->check(log_levels);
 
   try {
     app.parse(argc, argv);
@@ -281,6 +312,11 @@ int run_cli(int argc, char** argv) {
       std::cout << make_slurm_script(job, inputs);
     }, nullptr);
   }
+  if (bench_cmd->parsed() && !bench_opts.endpoint.empty()) {  // a client: no MPI job
+    install_stop_handlers();
+    const int bench_code = guarded([&] { bench_endpoint(bench_opts); }, nullptr);
+    return bench_code == kExitOk && stop_requested() ? stop_exit_code() : bench_code;
+  }
   // generate and bench join the MPI job.
   std::unique_ptr<World> world;
   int code = guarded([&] { world = std::make_unique<World>(&argc, &argv); }, nullptr);
@@ -291,6 +327,10 @@ int run_cli(int argc, char** argv) {
       bench(bench_opts, *world);
       return;
     }
+    if (serve_cmd->parsed()) {
+      serve(serve_opts, *world);
+      return;
+    }
     if (!prompt_ids.empty()) gen.prompt_ids = parse_id_list(prompt_ids);
     if (prompt_text_opt->count() > 0) gen.prompt_text = prompt_text;
     if (chat_text_opt->count() > 0) gen.chat_text = chat_text;
@@ -298,7 +338,8 @@ int run_cli(int argc, char** argv) {
     generate(gen, *world);
   }, world.get());
   // A job stopped by SIGINT/SIGTERM has printed what finished; it still did not complete.
-  return code == kExitOk && stop_requested() ? stop_exit_code() : code;
+  // A server stopped by a signal has shut down as asked: that is its normal end.
+  return code == kExitOk && stop_requested() && !serve_cmd->parsed() ? stop_exit_code() : code;
 }
 
 }  // namespace kvpipe

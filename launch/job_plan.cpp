@@ -22,15 +22,19 @@ int64_t runtime_memory_bytes(const JobConfig& job) {
   return device;
 }
 
-JobPlan plan_job(const JobConfig& job, int world_size) {
-  JobPlan plan;
+ModelConfig load_job_model_config(const JobConfig& job) {
   try {
-    plan.model = load_model_config(job.model.path);
+    return load_model_config(job.model.path);
   } catch (const std::invalid_argument& e) {
     // The loader names the model file; the job file adds which key pointed there.
     const auto it = job.where.find("model.path");
     throw std::invalid_argument((it == job.where.end() ? job.source : it->second) + ": model.path: " + e.what());
   }
+}
+
+JobPlan plan_job(const JobConfig& job, int world_size) {
+  JobPlan plan;
+  plan.model = load_job_model_config(job);
   plan.dtype = parse_dtype(job.model.dtype, job.source + ": model.dtype");
   plan.block_size = job.cache.block_size;
   const ModelConfig& m = plan.model;

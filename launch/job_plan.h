@@ -31,6 +31,9 @@ struct JobPlan {
 
 JobPlan plan_job(const JobConfig& job, int world_size);
 
+// The shape of the job's model.path (its config only); errors name the key that pointed there.
+ModelConfig load_job_model_config(const JobConfig& job);
+
 // The plan as log lines: the split, each rank's weight and KV bytes, the common block count
 // and the largest number of tokens all running sequences can hold together.
 void print_plan(std::ostream& out, const JobPlan& plan);

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <random>
+#include <stdexcept>
+#include <string>
 
 namespace kvpipe {
 namespace {
@@ -53,6 +55,15 @@ std::vector<WorkloadRequest> make_workload(const WorkloadSection& w, int64_t voc
     out.push_back(std::move(r));
   }
   return out;
+}
+
+void check_workload_fits(const JobConfig& job, int64_t context) {
+  const WorkloadSection& w = job.workload;
+  const int64_t longest = static_cast<int64_t>(w.prompt_len.hi) + w.output_len.hi;
+  if (longest > context)
+    throw std::invalid_argument(job.source + ": workload.prompt_len + workload.output_len reach " +
+                                std::to_string(longest) + " tokens, more than the model's context of " +
+                                std::to_string(context));
 }
 
 WorkloadSource::WorkloadSource(std::vector<Request> requests, std::vector<double> arrival_s, int64_t concurrency,

@@ -31,6 +31,10 @@ struct WorkloadRequest {
 std::vector<WorkloadRequest> make_workload(const WorkloadSection& workload, int64_t vocab, int64_t first,
                                            int64_t count);
 
+// Throws std::invalid_argument (naming the job file) when the longest prompt plus the longest
+// output exceed `context` tokens.
+void check_workload_fits(const JobConfig& job, int64_t context);
+
 class WorkloadSource : public RequestSource {
  public:
   // `rate` 0: closed loop; otherwise request i is due `arrival_s[i]` seconds after `start`.

@@ -15,6 +15,8 @@ packages=(
   libopenmpi-dev openmpi-bin
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libgtest-dev
   libpcre2-dev libutf8proc-dev   # tokenizers: Unicode regular expressions, NFC
+  libcpp-httplib-dev   # kvpipe serve and bench --endpoint
+  chromium chromium-driver   # the server's chat page, driven headless by its test
   libopenblas-pthread-dev   # float32 GEMM where it beats LibTorch's MKL (AMD processors)
   python3 python3-venv gnuplot-nox   # the environment below; benchmarks/sweep plots
 )

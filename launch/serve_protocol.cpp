@@ -1,0 +1,454 @@
+#include "launch/serve_protocol.h"
+
+#include "engine/text/tokenizer.h"
+#include "launch/job_config.h"
+#include "launch/model_text.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace kvpipe {
+
+using json = nlohmann::json;
+
+namespace {
+
+// OpenAI's log-probabilities are finite: -inf (a token the model rules out) is written as
+// vLLM writes it.
+constexpr float kMinLogprob = -9999.0f;
+
+const char* error_type(int status) {
+  switch (status) {
+    case 401: return "authentication_error";
+    case 404: return "not_found_error";
+    case 413: return "invalid_request_error";
+    case 429:
+    case 503: return "service_unavailable_error";
+    default: return status >= 500 ? "internal_server_error" : "invalid_request_error";
+  }
+}
+
+ApiError bad(const std::string& param, const std::string& message) { return ApiError(400, param + ": " + message, param); }
+
+// A field that is present and not null.
+const json* field(const json& body, const char* key) {
+  const auto it = body.find(key);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+int64_t integer_field(const json& body, const char* key, int64_t fallback, int64_t lo, int64_t hi) {
+  const json* v = field(body, key);
+  if (!v) return fallback;
+  if (!v->is_number_integer()) throw bad(key, "must be an integer");
+  const int64_t x = v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi) ? hi + 1 : v->get<int64_t>();
+  if (x < lo || x > hi)
+    throw bad(key, "must be between " + std::to_string(lo) + " and " + std::to_string(hi) + ", got " + v->dump());
+  return x;
+}
+
+double number_field(const json& body, const char* key, double fallback, double lo, double hi, bool lo_open = false) {
+  const json* v = field(body, key);
+  if (!v) return fallback;
+  if (!v->is_number()) throw bad(key, "must be a number");
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || (lo_open && x == lo) || x > hi)
+    throw bad(key, std::string("must be in ") + (lo_open ? "(" : "[") + json(lo).dump() + ", " + json(hi).dump() +
+                       "], got " + v->dump());
+  return x;
+}
+
+bool bool_field(const json& body, const char* key, bool fallback) {
+  const json* v = field(body, key);
+  if (!v) return fallback;
+  if (!v->is_boolean()) throw bad(key, "must be true or false");
+  return v->get<bool>();
+}
+
+std::string text_of_content(const json& content, const std::string& where) {
+  if (content.is_string()) return content.get<std::string>();
+  if (content.is_null()) return "";
+  if (!content.is_array()) throw bad(where, "must be a string or a list of content parts");
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& part = content[i];
+    const std::string at = where + "[" + std::to_string(i) + "]";
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+      throw bad(at, "only parts of type \"text\" with a string \"text\" are supported");
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+std::vector<int64_t> ids_of(const json& list, const std::string& where, const ServedModel& model) {
+  std::vector<int64_t> ids;
+  for (const json& v : list) {
+    if (!v.is_number_integer()) throw bad(where, "token ids must be integers");
+    const int64_t id = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(model.vocab_size)
+                           ? model.vocab_size : v.get<int64_t>();
+    if (id < 0 || id >= model.vocab_size)
+      throw bad(where, "token id " + v.dump() + " is outside the vocabulary (0.." + std::to_string(model.vocab_size - 1) + ")");
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+const Tokenizer& need_tokenizer(const ServedModel& model, const std::string& param) {
+  if (!model.text || !model.text->tokenizer())
+    throw bad(param, "the model " + model.name + " has no tokenizer: send the prompt as token ids");
+  return *model.text->tokenizer();
+}
+
+std::vector<int64_t> text_ids(const ServedModel& model, const std::string& text, const std::string& param) {
+  try {
+    RequestSpec spec;
+    spec.prompt = text;
+    need_tokenizer(model, param);
+    return model.text->prompt_ids(spec, param);
+  } catch (const ApiError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw bad(param, e.what());
+  }
+}
+
+std::vector<std::vector<int64_t>> completion_prompts(const json& body, const ServedModel& model) {
+  const json* p = field(body, "prompt");
+  if (!p) throw bad("prompt", "is required");
+  if (p->is_string()) return {text_ids(model, p->get<std::string>(), "prompt")};
+  if (!p->is_array() || p->empty()) throw bad("prompt", "must be a string, a list of token ids, or a non-empty list of those");
+  if ((*p)[0].is_number()) return {ids_of(*p, "prompt", model)};
+  std::vector<std::vector<int64_t>> prompts;
+  for (size_t i = 0; i < p->size(); ++i) {
+    const json& one = (*p)[i];
+    const std::string where = "prompt[" + std::to_string(i) + "]";
+    if (one.is_string()) prompts.push_back(text_ids(model, one.get<std::string>(), where));
+    else if (one.is_array()) prompts.push_back(ids_of(one, where, model));
+    else throw bad(where, "must be a string or a list of token ids");
+  }
+  return prompts;
+}
+
+std::vector<int64_t> chat_prompt(const json& body, const ServedModel& model) {
+  const json* m = field(body, "messages");
+  if (!m) throw bad("messages", "is required");
+  if (!m->is_array() || m->empty()) throw bad("messages", "must be a non-empty list of messages");
+  RequestSpec spec;
+  for (size_t i = 0; i < m->size(); ++i) {
+    const json& msg = (*m)[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!msg.is_object()) throw bad(where, "must be an object with role and content");
+    const json* role = field(msg, "role");
+    if (!role || !role->is_string()) throw bad(where + ".role", "must be a string");
+    const auto content = msg.find("content");
+    spec.messages.push_back({role->get<std::string>(),
+                             text_of_content(content == msg.end() ? json() : *content, where + ".content")});
+  }
+  need_tokenizer(model, "messages");
+  try {
+    return model.text->prompt_ids(spec, "messages");
+  } catch (const std::exception& e) {
+    throw bad("messages", e.what());
+  }
+}
+
+std::string piece_of(const Tokenizer* tokenizer, int64_t id) {
+  if (!tokenizer) return "token_id:" + std::to_string(id);
+  try {
+    return tokenizer->token_bytes(id);
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+json bytes_of(const std::string& s) {
+  json out = json::array();
+  for (unsigned char c : s) out.push_back(static_cast<int>(c));
+  return out;
+}
+
+float finite_logprob(float x) { return std::isfinite(x) ? x : kMinLogprob; }
+
+// A request body: a JSON object.
+json parse_body(const std::string& text) {
+  json body;
+  try {
+    body = json::parse(text);
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
+    throw ApiError(400, std::string("the body is not valid JSON: ") + e.what());
+  }
+  if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
+  return body;
+}
+
+}  // namespace
+
+std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string error_body(int status, const std::string& message, const std::string& param, const std::string& code) {
+  json e;
+  e["message"] = message;
+  e["type"] = error_type(status);
+  e["param"] = param.empty() ? json() : json(param);
+  e["code"] = code.empty() ? json(status) : json(code);
+  return dump_json(json{{"error", e}});
+}
+
+CompletionRequest parse_completion_request(const std::string& text, bool chat, const ServedModel& model,
+                                           uint64_t random_seed) {
+  const json body = parse_body(text);
+  if (const json* m = field(body, "model")) {
+    if (!m->is_string()) throw bad("model", "must be a string");
+    if (m->get<std::string>() != model.name)
+      throw ApiError(404, "The model `" + m->get<std::string>() + "` does not exist (this server serves `" +
+                              model.name + "`)", "model", "model_not_found");
+  }
+  CompletionRequest r;
+  r.chat = chat;
+  if (chat) r.prompts = {chat_prompt(body, model)};
+  else r.prompts = completion_prompts(body, model);
+
+  r.n = static_cast<int>(integer_field(body, "n", 1, 1, 64));
+  r.stream = bool_field(body, "stream", false);
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object()) throw bad("stream_options", "must be an object");
+    if (!r.stream) throw bad("stream_options", "is only allowed with stream: true");
+    r.include_usage = bool_field(*so, "include_usage", false);
+  }
+  r.ignore_eos = bool_field(body, "ignore_eos", false);
+  r.return_token_ids = bool_field(body, "return_token_ids", false);
+  if (bool_field(body, "echo", false)) throw bad("echo", "is not supported");
+  if (field(body, "suffix")) throw bad("suffix", "is not supported");
+  if (integer_field(body, "best_of", r.n, r.n, r.n) != r.n) throw bad("best_of", "must equal n");
+
+  r.sampling.temperature = number_field(body, "temperature", 1.0, 0.0, 100.0);
+  r.sampling.top_p = number_field(body, "top_p", 1.0, 0.0, 1.0, true);
+  const int64_t top_k = integer_field(body, "top_k", 0, -1, std::numeric_limits<int32_t>::max());
+  r.sampling.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);
+  if (const json* seed = field(body, "seed")) {
+    if (!seed->is_number_integer()) throw bad("seed", "must be an integer");
+    r.sampling.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : static_cast<uint64_t>(seed->get<int64_t>());
+  } else {
+    r.sampling.seed = random_seed;
+  }
+
+  if (chat) {
+    if (bool_field(body, "logprobs", false)) r.logprobs = static_cast<int>(integer_field(body, "top_logprobs", 0, 0, 20));
+    else if (field(body, "top_logprobs")) throw bad("top_logprobs", "needs logprobs: true");
+  } else {
+    r.logprobs = static_cast<int>(integer_field(body, "logprobs", -1, 0, 20));
+  }
+
+  if (const json* stop = field(body, "stop")) {
+    if (stop->is_string()) r.stop = {stop->get<std::string>()};
+    else if (stop->is_array()) {
+      for (const json& s : *stop) {
+        if (!s.is_string()) throw bad("stop", "must be a string or a list of strings");
+        r.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      throw bad("stop", "must be a string or a list of strings");
+    }
+    if (r.stop.size() > 16) throw bad("stop", "at most 16 stop strings");
+    for (const std::string& s : r.stop)
+      if (s.empty()) throw bad("stop", "stop strings must not be empty");
+    if (!r.stop.empty()) need_tokenizer(model, "stop");
+  }
+
+  // Every prompt must leave room for at least one token; max_tokens defaults to 16 for
+  // completions (OpenAI's default) and to the rest of the context for chat, as vLLM does.
+  const int64_t limit = std::min(model.max_context, model.max_request_tokens);
+  int64_t longest = 0;
+  for (const auto& p : r.prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
+  for (const auto& p : r.prompts)
+    if (p.empty()) throw bad(chat ? "messages" : "prompt", "the prompt has no tokens");
+  const char* max_key = chat && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  const json* max_given = field(body, max_key);
+  if (longest >= limit)
+    throw ApiError(400, "This model's maximum context length is " + std::to_string(limit) + " tokens. However, your prompt has " +
+                            std::to_string(longest) + " tokens.", chat ? "messages" : "prompt", "context_length_exceeded");
+  r.max_tokens = integer_field(body, max_key, chat ? limit - longest : std::min<int64_t>(16, limit - longest), 1,
+                               std::numeric_limits<int32_t>::max());
+  if (max_given && longest + r.max_tokens > limit)
+    throw ApiError(400, "This model's maximum context length is " + std::to_string(limit) + " tokens. However, you requested " +
+                            std::to_string(longest + r.max_tokens) + " tokens (" + std::to_string(longest) +
+                            " in the prompt, " + std::to_string(r.max_tokens) + " for the completion).",
+                   max_key, "context_length_exceeded");
+  return r;
+}
+
+TokenLogprob token_logprob(const float* logits, int64_t vocab, int64_t token, int top) {
+  double max = logits[0];
+  for (int64_t i = 1; i < vocab; ++i) max = std::max<double>(max, logits[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - max);
+  const double log_z = max + std::log(sum);
+  TokenLogprob out;
+  out.token = token;
+  out.logprob = finite_logprob(static_cast<float>(logits[token] - log_z));
+  if (top > 0) {
+    std::vector<int64_t> ids(vocab);
+    std::iota(ids.begin(), ids.end(), 0);
+    const int64_t k = std::min<int64_t>(top, vocab);
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
+                      [&](int64_t a, int64_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    for (int64_t i = 0; i < k; ++i) out.top.emplace_back(ids[i], finite_logprob(static_cast<float>(logits[ids[i]] - log_z)));
+  }
+  return out;
+}
+
+ResponseWriter::ResponseWriter(const CompletionRequest& request, std::string id, int64_t created, std::string model,
+                               const Tokenizer* tokenizer)
+    : request_(request), id_(std::move(id)), created_(created), model_(std::move(model)), tokenizer_(tokenizer),
+      choices_(request.choices()), text_offsets_(request.choices(), 0) {}
+
+json ResponseWriter::envelope(const char* object) const {
+  return json{{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
+}
+
+json ResponseWriter::logprobs_json(const std::vector<TokenLogprob>& lps, size_t text_offset) const {
+  if (request_.chat) {
+    json content = json::array();
+    for (const TokenLogprob& lp : lps) {
+      const std::string piece = piece_of(tokenizer_, lp.token);
+      json top = json::array();
+      for (const auto& [id, value] : lp.top) {
+        const std::string p = piece_of(tokenizer_, id);
+        top.push_back({{"token", p}, {"logprob", value}, {"bytes", bytes_of(p)}});
+      }
+      content.push_back({{"token", piece}, {"logprob", lp.logprob}, {"bytes", bytes_of(piece)}, {"top_logprobs", top}});
+    }
+    return json{{"content", content}};
+  }
+  json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprob& lp : lps) {
+    const std::string piece = piece_of(tokenizer_, lp.token);
+    tokens.push_back(piece);
+    values.push_back(lp.logprob);
+    json top = json::object();
+    for (const auto& [id, value] : lp.top) top[piece_of(tokenizer_, id)] = value;
+    tops.push_back(top);
+    offsets.push_back(text_offset);
+    text_offset += piece.size();
+  }
+  return json{{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+json ResponseWriter::usage_json() const {
+  return json{{"prompt_tokens", prompt_tokens_},
+              {"completion_tokens", completion_tokens_},
+              {"total_tokens", prompt_tokens_ + completion_tokens_},
+              {"prompt_tokens_details", {{"cached_tokens", cached_tokens_}}}};
+}
+
+void ResponseWriter::add(const ChoiceEvent& e) {
+  Choice& c = choices_.at(e.index);
+  c.text += e.text;
+  if (e.token) {
+    c.tokens.push_back(*e.token);
+    ++completion_tokens_;
+  }
+  if (e.logprob) c.logprobs.push_back(*e.logprob);
+  if (!e.finish_reason.empty()) {
+    c.finish_reason = e.finish_reason;
+    // Each prompt counts once, however many choices it has (as OpenAI and vLLM count).
+    if (e.index % request_.n == 0) {
+      prompt_tokens_ += e.prompt_tokens;
+      cached_tokens_ += e.cached_tokens;
+    }
+  }
+}
+
+std::string ResponseWriter::role_chunk(int index) const {
+  json j = envelope("chat.completion.chunk");
+  j["choices"] = json::array({{{"index", index}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
+                               {"finish_reason", nullptr}}});
+  return dump_json(j);
+}
+
+std::string ResponseWriter::chunk(const ChoiceEvent& e) {
+  add(e);
+  const bool has_token_ids = request_.return_token_ids && e.token;
+  if (e.text.empty() && !e.logprob && e.finish_reason.empty() && !has_token_ids) return "";
+  json choice{{"index", e.index}};
+  const size_t offset = text_offsets_.at(e.index);
+  text_offsets_[e.index] += e.text.size();
+  json logprobs = e.logprob ? logprobs_json({*e.logprob}, offset) : json();
+  if (request_.chat) {
+    json delta = json::object();
+    if (!e.text.empty() || e.finish_reason.empty()) delta["content"] = e.text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = e.text;
+  }
+  choice["logprobs"] = logprobs;
+  choice["finish_reason"] = e.finish_reason.empty() ? json() : json(e.finish_reason);
+  if (has_token_ids) choice["token_ids"] = json::array({*e.token});
+  json j = envelope(request_.chat ? "chat.completion.chunk" : "text_completion");
+  j["choices"] = json::array({choice});
+  return dump_json(j);
+}
+
+std::string ResponseWriter::usage_chunk() const {
+  json j = envelope(request_.chat ? "chat.completion.chunk" : "text_completion");
+  j["choices"] = json::array();
+  j["usage"] = usage_json();
+  return dump_json(j);
+}
+
+std::string ResponseWriter::response() const {
+  json j = envelope(request_.chat ? "chat.completion" : "text_completion");
+  json choices = json::array();
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    const Choice& c = choices_[i];
+    json choice{{"index", i}};
+    if (request_.chat) choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    else choice["text"] = c.text;
+    choice["logprobs"] = request_.logprobs >= 0 ? logprobs_json(c.logprobs, 0) : json();
+    choice["finish_reason"] = c.finish_reason;
+    if (request_.return_token_ids) {
+      choice["prompt_token_ids"] = request_.prompts.at(i / request_.n);
+      choice["token_ids"] = c.tokens;
+    }
+    choices.push_back(choice);
+  }
+  j["choices"] = choices;
+  j["usage"] = usage_json();
+  return dump_json(j);
+}
+
+std::string tokenize_response(const std::string& text, const ServedModel& model) {
+  const json body = parse_body(text);
+  std::vector<int64_t> ids;
+  if (field(body, "messages")) {
+    ids = chat_prompt(body, model);
+  } else {
+    const json* p = field(body, "prompt");
+    if (!p || !p->is_string()) throw bad("prompt", "must be a string (or send messages)");
+    const Tokenizer& tok = need_tokenizer(model, "prompt");
+    ids = tok.encode(p->get<std::string>(), bool_field(body, "add_special_tokens", true));
+  }
+  json token_strs = json::array();
+  for (int64_t id : ids) token_strs.push_back(model.text->tokenizer()->piece(id));
+  return dump_json(json{{"count", ids.size()}, {"max_model_len", model.max_context}, {"tokens", ids}, {"token_strs", token_strs}});
+}
+
+std::string detokenize_response(const std::string& text, const ServedModel& model) {
+  const json body = parse_body(text);
+  const json* t = field(body, "tokens");
+  if (!t || !t->is_array()) throw bad("tokens", "must be a list of token ids");
+  const std::vector<int64_t> ids = ids_of(*t, "tokens", model);
+  const Tokenizer& tok = need_tokenizer(model, "tokens");
+  return dump_json(json{{"prompt", tok.decode(ids)}});
+}
+
+std::string models_response(const ServedModel& model, int64_t created) {
+  json m{{"id", model.name}, {"object", "model"}, {"created", created}, {"owned_by", "kvpipe"},
+         {"root", model.name}, {"max_model_len", model.max_context}};
+  return dump_json(json{{"object", "list"}, {"data", json::array({m})}});
+}
+
+}  // namespace kvpipe

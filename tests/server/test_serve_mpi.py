@@ -1,0 +1,44 @@
+"""`kvpipe serve` under `mpirun -np 2`: rank 0 serves, rank 1 runs its stage. Its tokens equal
+the one-rank `kvpipe generate`'s, concurrent streams all finish, a bad request is a 400, and
+SIGTERM to mpirun stops both ranks with exit 0."""
+import concurrent.futures
+import unittest
+
+import openai
+
+from serve_fixture import SMOLLM2, Server, generate
+
+PROMPT = "The capital of France is"
+
+
+class TwoRankServer(unittest.TestCase):
+    def test_two_ranks(self):
+        ref = generate("--config", SMOLLM2, "--prompt", PROMPT, "--max-new-tokens", "12")[0]
+        server = Server(ranks=2)
+        try:
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+            model = client.models.list().data[0].id
+            r = client.completions.create(model=model, prompt=PROMPT, max_tokens=12, temperature=0,
+                                          extra_body={"return_token_ids": True})
+            self.assertEqual(r.choices[0].model_dump()["token_ids"], ref["output_ids"])
+            self.assertEqual(r.choices[0].text, ref["text"])
+
+            def stream(i):
+                chunks = list(client.completions.create(model=model, prompt=f"{i} plus {i} is", max_tokens=6,
+                                                        temperature=0, stream=True,
+                                                        stream_options={"include_usage": True},
+                                                        extra_body={"ignore_eos": True}))
+                return chunks[-1].usage.completion_tokens
+
+            with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                self.assertEqual(list(pool.map(stream, range(16))), [6] * 16)
+            status, _ = server.post("/v1/completions", {"prompt": "hi", "max_tokens": 0})
+            self.assertEqual(status, 400)
+            self.assertEqual(server.get("/health")[0], 200)
+            self.assertEqual(server.terminate(), 0, server.log())
+        finally:
+            server.kill()
+
+
+if __name__ == "__main__":
+    unittest.main()
