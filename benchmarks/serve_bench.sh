@@ -2,8 +2,10 @@
 # kvpipe serve against llama.cpp's llama-server: the same GGUF file, the same number of
 # parallel slots (32; llama-server with continuous batching), the same threads, the same
 # workload, measured by one client (`kvpipe bench --endpoint`) at 1, 8 and 32 concurrent
-# clients, one server at a time. Prints a table of output tokens/s and p99 TPOT (the
-# ratio is kvpipe over llama-server) and keeps every report.json under OUT.
+# clients, one server at a time. Prints (Markdown, on stdout) a table of output tokens/s
+# and p99 TPOT (the ratio is kvpipe over llama-server), then benchmarks/prefill_interference.py's
+# table (decodes while 2,048-token prompts arrive, by scheduler.max_prefill_tokens_per_step);
+# keeps every report.json under OUT. Progress goes to stderr.
 #   bash benchmarks/serve_bench.sh [OUT]      (default out/serve-bench)
 # Environment: KVPIPE (the binary), THREADS (compute threads of each server, default 2),
 # CLIENTS (default "1 8 32").
@@ -56,7 +58,7 @@ for server in kvpipe llama-server; do
   (cd "$root" && wait_ready "$server")
   for c in $clients; do
     requests=$((c * 4 > 16 ? c * 4 : 16))
-    echo "serve_bench: $server, $c client(s), $requests requests"
+    echo "serve_bench: $server, $c client(s), $requests requests" >&2
     (cd "$root" && "$kvpipe" bench --config "$config" --endpoint "http://127.0.0.1:$port" \
       --out "$out/$server-c$c" --set "workload.concurrency=$c" --set "workload.requests=$requests" \
       >"$out/$server-c$c.txt")
@@ -64,6 +66,14 @@ for server in kvpipe llama-server; do
   stop_server
 done
 
+cpu="$(lscpu | sed -n 's/^Model name: *//p' | head -1)"
+echo "Machine: $cpu, $(nproc) cores; each server computes on $threads thread(s), 32 slots; the client"
+echo "(\`kvpipe bench --endpoint\`, benchmarks/serve-smollm2.yaml: prompts of 128 random token ids,"
+echo "64 output tokens, EOS ignored, greedy, closed loop, 4 requests per client and at least 16) runs on"
+echo "the same machine. Model: SmolLM2-135M-Instruct Q4_1 GGUF for both; llama-server of the pinned"
+echo "llama-cpp-python's llama.cpp (\`-np 32 -c 16384 -t $threads -tb $threads\`, KV cache F16), kvpipe"
+echo "with \`scheduler.max_batch: 32\` (KV cache F32)."
+echo
 python3 - "$out" "$clients" <<'EOF'
 import json, sys
 out, clients = sys.argv[1], sys.argv[2].split()
@@ -77,3 +87,9 @@ for c in clients:
     failed = f" ({k[3]} / {l[3]} failed)" if k[3] or l[3] else ""
     print(f"| {c} | {k[0]:.1f} | {l[0]:.1f} | {k[0] / l[0]:.2f} | {k[1]:.1f} | {l[1]:.1f} | {k[2]:.1f} / {l[2]:.1f}{failed} |")
 EOF
+
+echo
+echo "Decode latency while 2,048-token prompts arrive (\`benchmarks/prefill_interference.py\`, 4"
+echo "streams of 150 tokens; long prompts back to back, one output token each):"
+echo
+"$root/.venv/bin/python" "$root/benchmarks/prefill_interference.py" --budgets "${BUDGETS:-0,4,16}" --threads "$threads"
