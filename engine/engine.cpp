@@ -137,15 +137,12 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
 }
 
 bool Engine::finish(int64_t request_id, const std::string& reason) {
-  if (!scheduler_.finish(request_id, reason)) return false;
-  if (options_.on_finished) {
-    // Not in flight: it ended now (otherwise when its micro-batch returns, in run()).
-    for (const auto& s : scheduler_.sequences())
-      if (s->request.id == request_id && s->finished() && s->finish_reason == reason && !s->in_flight) {
-        options_.on_finished(*s);
-        break;
-      }
-  }
+  const Sequence* target = nullptr;
+  for (const auto& s : scheduler_.sequences())
+    if (s->request.id == request_id && !s->finished()) target = s.get();
+  if (target == nullptr || !scheduler_.finish(request_id, reason)) return false;
+  // In flight, it ends when its micro-batch returns (run() reports it then).
+  if (options_.on_finished && target->finished()) options_.on_finished(*target);
   return true;
 }
 

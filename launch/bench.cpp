@@ -1,7 +1,6 @@
 #include "launch/bench.h"
 
 #include "engine/kernels/cpu/blas_gemm.h"
-#include "launch/bench_endpoint.h"
 #include "launch/bench_report.h"
 #include "launch/device_plan.h"
 #include "launch/job_config.h"
@@ -236,7 +235,8 @@ ordered_json make_report(const ReportInputs& in) {
                  {"memory", memory_json(job.cache.memory)}, {"prefix_reuse", job.cache.prefix_reuse},
                  {"cached_layers", plan.model.num_layers - plan.first_cached_layer},
                  {"window", {{"sinks", job.cache.window_sinks}, {"recent", job.cache.window_recent}}}}},
-      {"scheduler", {{"max_batch", job.scheduler.max_batch}, {"max_tokens_per_step", job.scheduler.max_tokens_per_step}}},
+      {"scheduler", {{"max_batch", job.scheduler.max_batch}, {"max_tokens_per_step", job.scheduler.max_tokens_per_step},
+                     {"max_prefill_tokens_per_step", job.scheduler.max_prefill_tokens_per_step}}},
       {"sampling", {{"temperature", job.sampling.temperature}, {"top_k", job.sampling.top_k},
                     {"top_p", job.sampling.top_p}, {"seed", job.sampling.seed}}}};
   report["workload"] = workload_json(w);
@@ -417,10 +417,8 @@ ordered_json bench_machine_json() {
 }
 
 void bench(const BenchOptions& o, World& world) {
-  if (!o.endpoint.empty()) {
-    if (world.is_coordinator()) bench_endpoint(o);
-    return;
-  }
+  if (!o.endpoint.empty())
+    throw std::logic_error("bench: an --endpoint run is bench_endpoint's (it needs no MPI job)");
   if (o.out_dir.empty()) throw std::invalid_argument("--out: an output directory is required");
   const JobConfig job = load_job_config(o.config, o.overrides);
   const JobPlan plan = plan_job(job, world.size());

@@ -33,7 +33,7 @@ struct BenchOptions {
 
 // Throws std::invalid_argument for bad input (config, workload that cannot run, an output
 // directory that cannot be written).
-// With options.endpoint set, rank 0 runs bench_endpoint and no job starts.
+// An --endpoint run is bench_endpoint's (bench_endpoint.h): it starts no job.
 void bench(const BenchOptions& options, World& world);
 
 // report.json's "kvpipe" (version, commit, build type, compiler, LibTorch, NCCL, CPU BLAS) and

@@ -303,7 +303,7 @@ TokenLogprob token_logprob(const float* logits, int64_t vocab, int64_t token, in
 ResponseWriter::ResponseWriter(const CompletionRequest& request, std::string id, int64_t created, std::string model,
                                const Tokenizer* tokenizer)
     : request_(request), id_(std::move(id)), created_(created), model_(std::move(model)), tokenizer_(tokenizer),
-      choices_(request.choices()), text_offsets_(request.choices(), 0) {}
+      choices_(request.choices()) {}
 
 json ResponseWriter::envelope(const char* object) const {
   return json{{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
@@ -374,8 +374,7 @@ std::string ResponseWriter::chunk(const ChoiceEvent& e) {
   const bool has_token_ids = request_.return_token_ids && e.token;
   if (e.text.empty() && !e.logprob && e.finish_reason.empty() && !has_token_ids) return "";
   json choice{{"index", e.index}};
-  const size_t offset = text_offsets_.at(e.index);
-  text_offsets_[e.index] += e.text.size();
+  const size_t offset = choices_.at(e.index).text.size() - e.text.size();  // where this event's text starts
   json logprobs = e.logprob ? logprobs_json({*e.logprob}, offset) : json();
   if (request_.chat) {
     json delta = json::object();

@@ -123,7 +123,6 @@ class ResponseWriter {
     std::string finish_reason;
   };
   std::vector<Choice> choices_;
-  std::vector<size_t> text_offsets_;  // streaming completions: text already sent per choice
   int64_t prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0;
 };
 

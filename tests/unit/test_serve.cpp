@@ -6,6 +6,7 @@
 #include "launch/serve_metrics.h"
 #include "launch/serve_protocol.h"
 #include "launch/serve_queue.h"
+#include "tests/support/engine_run.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -17,6 +18,7 @@ namespace kvpipe {
 namespace {
 
 using json = nlohmann::json;
+using kvpipe::testing::make_request;
 
 ServedModel id_only_model() {
   ServedModel m;
@@ -223,74 +225,50 @@ int64_t prompt_tokens_of(const StepBatch& b, int64_t id) {
   return 0;
 }
 
-TEST(SchedulerPrefillBudget, LongPromptsGoInChunksWhileOthersDecode) {
+SchedulerOptions scheduler_options(int64_t max_prefill) {
   SchedulerOptions o;
   o.block_size = 16;
   o.max_context = 4096;
-  o.max_prefill_tokens_per_step = 32;
-  Scheduler s(o, 256);
-  Request decoder;
-  decoder.id = 0;
-  decoder.prompt = {5, 6, 7};
-  decoder.max_new_tokens = 100;
-  s.add(decoder);
+  o.max_prefill_tokens_per_step = max_prefill;
+  return o;
+}
+
+TEST(SchedulerPrefillBudget, LongPromptsGoInChunksWhileOthersDecode) {
+  Scheduler s(scheduler_options(32), 256);
+  s.add(make_request(0, {5, 6, 7}, 100));
   EXPECT_EQ(prompt_tokens_of(step(s, 0), 0), 3);  // alone: its whole prompt
-  Request long_prompt;
-  long_prompt.id = 1;
-  long_prompt.prompt.assign(200, 9);
-  long_prompt.max_new_tokens = 2;
-  s.add(long_prompt);
+  s.add(make_request(1, std::vector<int64_t>(200, 9), 2));
   int64_t computed = 0, steps = 0;
   while (computed < 200) {
     const StepBatch b = step(s, 1 + steps++);
     EXPECT_EQ(prompt_tokens_of(b, 0), 1) << "the decoding request must get its token every step";
     const int64_t n = prompt_tokens_of(b, 1);
     EXPECT_LE(n, 32);
-    EXPECT_GT(n, 0);
+    ASSERT_GT(n, 0);
     computed += n;
   }
   EXPECT_EQ(steps, 7);  // ceil(200 / 32)
 
   // With nothing decoding, a prompt takes the whole step budget.
-  Scheduler idle(o, 256);
-  long_prompt.id = 2;
-  idle.add(long_prompt);
+  Scheduler idle(scheduler_options(32), 256);
+  idle.add(make_request(2, std::vector<int64_t>(200, 9), 2));
   EXPECT_EQ(prompt_tokens_of(step(idle, 0), 2), 200);
 }
 
 TEST(SchedulerPrefillBudget, ZeroMeansOnlyTheStepBudget) {
-  SchedulerOptions o;
-  o.block_size = 16;
-  o.max_context = 4096;
-  Scheduler s(o, 256);
-  Request a;
-  a.id = 0;
-  a.prompt = {5};
-  a.max_new_tokens = 10;
-  s.add(a);
+  Scheduler s(scheduler_options(0), 256);
+  s.add(make_request(0, {5}, 10));
   step(s, 0);
-  Request b;
-  b.id = 1;
-  b.prompt.assign(300, 4);
-  s.add(b);
+  s.add(make_request(1, std::vector<int64_t>(300, 4), 16));
   EXPECT_EQ(prompt_tokens_of(step(s, 1), 1), 300);
 }
 
 TEST(SchedulerLimits, MaxRequestTokensIsWhatAddAccepts) {
-  SchedulerOptions o;
-  o.block_size = 16;
-  o.max_context = 4096;
-  Scheduler s(o, 10);  // 160 tokens
+  Scheduler s(scheduler_options(0), 10);  // 160 tokens
   const int64_t most = s.max_request_tokens();
   EXPECT_EQ(most, 161);  // the last token is never fed back
-  Request r;
-  r.id = 0;
-  r.prompt.assign(100, 1);
-  r.max_new_tokens = most - 100;
-  EXPECT_NO_THROW(s.add(r));
-  r.id = 1;
-  r.max_new_tokens = most - 99;
-  EXPECT_THROW(s.add(r), std::invalid_argument);
+  EXPECT_NO_THROW(s.add(make_request(0, std::vector<int64_t>(100, 1), most - 100)));
+  EXPECT_THROW(s.add(make_request(1, std::vector<int64_t>(100, 1), most - 99)), std::invalid_argument);
 }
 
 }  // namespace
