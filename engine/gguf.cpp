@@ -1,13 +1,10 @@
 #include "engine/gguf.h"
 
+#include "engine/mapped_file.h"
 #include "engine/text/tokenizer_builder.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Half.h>
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -25,6 +22,9 @@ constexpr uint32_t kDefaultAlignment = 32;
 // Far above any real model; stops a corrupt count from driving a huge allocation.
 constexpr uint64_t kMaxCount = uint64_t{1} << 32;
 constexpr uint32_t kMaxDims = 4;  // GGML_MAX_DIMS
+// Alignments are small powers of two (32 by default); a huge one would make padding swallow
+// the data section.
+constexpr int64_t kMaxAlignment = int64_t{1} << 20;
 
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
   std::string message = where + ": " + what;
@@ -33,16 +33,61 @@ constexpr uint32_t kMaxDims = 4;  // GGML_MAX_DIMS
   throw std::invalid_argument(message);
 }
 
-const std::map<uint32_t, std::string>& type_names() {
-  static const std::map<uint32_t, std::string> names = {
-      {0, "F32"},      {1, "F16"},      {2, "Q4_0"},     {3, "Q4_1"},    {6, "Q5_0"},
-      {7, "Q5_1"},     {8, "Q8_0"},     {9, "Q8_1"},     {10, "Q2_K"},   {11, "Q3_K"},
-      {12, "Q4_K"},    {13, "Q5_K"},    {14, "Q6_K"},    {15, "Q8_K"},   {16, "IQ2_XXS"},
-      {17, "IQ2_XS"},  {18, "IQ3_XXS"}, {19, "IQ1_S"},   {20, "IQ4_NL"}, {21, "IQ3_S"},
-      {22, "IQ2_S"},   {23, "IQ4_XS"},  {24, "I8"},      {25, "I16"},    {26, "I32"},
-      {27, "I64"},     {28, "F64"},     {29, "IQ1_M"},   {30, "BF16"},   {34, "TQ1_0"},
-      {35, "TQ2_0"},   {39, "MXFP4"}};
-  return names;
+// How ggml lays out each type it knows (ggml.c's type_traits): values per block and bytes per
+// block. Types this code cannot compute with are sized too, so that the data section of any
+// file can be accounted for.
+struct TypeLayout {
+  const char* name;
+  uint64_t block_values;
+  uint64_t block_bytes;
+};
+
+const std::map<uint32_t, TypeLayout>& type_layouts() {
+  static const std::map<uint32_t, TypeLayout> layouts = {
+      {0, {"F32", 1, 4}},          {1, {"F16", 1, 2}},         {2, {"Q4_0", 32, 18}},
+      {3, {"Q4_1", 32, 20}},       {6, {"Q5_0", 32, 22}},      {7, {"Q5_1", 32, 24}},
+      {8, {"Q8_0", 32, 34}},       {9, {"Q8_1", 32, 36}},      {10, {"Q2_K", 256, 84}},
+      {11, {"Q3_K", 256, 110}},    {12, {"Q4_K", 256, 144}},   {13, {"Q5_K", 256, 176}},
+      {14, {"Q6_K", 256, 210}},    {15, {"Q8_K", 256, 292}},   {16, {"IQ2_XXS", 256, 66}},
+      {17, {"IQ2_XS", 256, 74}},   {18, {"IQ3_XXS", 256, 98}}, {19, {"IQ1_S", 256, 50}},
+      {20, {"IQ4_NL", 32, 18}},    {21, {"IQ3_S", 256, 110}},  {22, {"IQ2_S", 256, 82}},
+      {23, {"IQ4_XS", 256, 136}},  {24, {"I8", 1, 1}},         {25, {"I16", 1, 2}},
+      {26, {"I32", 1, 4}},         {27, {"I64", 1, 8}},        {28, {"F64", 1, 8}},
+      {29, {"IQ1_M", 256, 56}},    {30, {"BF16", 1, 2}},       {34, {"TQ1_0", 256, 54}},
+      {35, {"TQ2_0", 256, 66}},    {39, {"MXFP4", 32, 17}}};
+  return layouts;
+}
+
+uint64_t pad_to(uint64_t n, uint64_t alignment) { return (n + alignment - 1) / alignment * alignment; }
+
+// Tensors may not share bytes, and apart from the padding that aligns each one no byte of the
+// data section may be left to no tensor: a header that lists one tensor too few (its info
+// then read as the start of the data section) would otherwise shift every tensor onto the
+// wrong bytes and quietly drop the last one.
+void check_data_section(const std::string& path, const std::map<std::string, GgufTensorInfo>& tensors,
+                        uint64_t alignment, uint64_t data_size) {
+  std::vector<const GgufTensorInfo*> by_offset;
+  for (const auto& item : tensors) by_offset.push_back(&item.second);
+  std::sort(by_offset.begin(), by_offset.end(), [](const GgufTensorInfo* a, const GgufTensorInfo* b) {
+    return a->offset != b->offset ? a->offset < b->offset : a->name < b->name;
+  });
+  auto range = [](const GgufTensorInfo* t) {
+    return "tensor '" + t->name + "' [" + std::to_string(t->offset) + ", " + std::to_string(t->offset + t->bytes) + ")";
+  };
+  const GgufTensorInfo* previous = nullptr;
+  uint64_t end = 0;  // of the previous tensor; offsets and sizes were checked against the file
+  for (const GgufTensorInfo* t : by_offset) {
+    if (previous != nullptr && t->offset < end)
+      fail(path, range(previous) + " and " + range(t) + " overlap");
+    if (t->offset > pad_to(end, alignment))
+      fail(path, "data bytes [" + std::to_string(pad_to(end, alignment)) + ", " + std::to_string(t->offset) +
+                     ") before " + range(t) + " belong to no tensor (the tensor index does not match the data)");
+    previous = t;
+    end = t->offset + t->bytes;
+  }
+  if (data_size > pad_to(end, alignment))
+    fail(path, std::to_string(data_size - end) + " bytes at the end of the data section belong to no tensor (" +
+                   std::to_string(tensors.size()) + " tensors listed; is the tensor count wrong?)");
 }
 
 bool supported(uint32_t type) { return quant_type_from_ggml(type).has_value(); }
@@ -156,132 +201,114 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 }  // namespace
 
 std::string ggml_type_name(uint32_t type) {
-  const auto it = type_names().find(type);
-  return it == type_names().end() ? "type " + std::to_string(type) : it->second;
+  const auto it = type_layouts().find(type);
+  return it == type_layouts().end() ? "type " + std::to_string(type) : it->second.name;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Reading
 
 GgufFile::GgufFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path, "not a regular file");
-  }
-  map_size_ = static_cast<size_t>(st.st_size);
-  if (map_size_ < 8) {
-    ::close(fd);
-    fail(path, "too short for a GGUF header (" + std::to_string(map_size_) + " bytes)");
-  }
-  map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    fail(path, std::string("cannot map: ") + std::strerror(errno));
-  }
-  try {
-    const auto* base = static_cast<const uint8_t*>(map_);
-    Reader r(path, base, map_size_);
-    const uint32_t magic = r.read<uint32_t>("magic");
-    if (magic != kMagic) fail(path, "bad magic: not a GGUF file");
-    version_ = r.read<uint32_t>("version");
-    if (version_ != kVersion)
-      fail(path, "unsupported GGUF version " + std::to_string(version_) + " (only 3 is read)");
-    const uint64_t n_tensors = r.read<uint64_t>("tensor count");
-    const uint64_t n_kv = r.read<uint64_t>("metadata count");
-    if (n_tensors > kMaxCount || n_kv > kMaxCount)
-      fail(path, "implausible tensor or metadata count");
+  file_ = std::make_unique<MappedFile>(path);
+  map_ = file_->data();
+  map_size_ = file_->size();
+  if (map_size_ < 8) fail(path, "too short for a GGUF header (" + std::to_string(map_size_) + " bytes)");
+  const uint8_t* base = map_;
+  Reader r(path, base, map_size_);
+  const uint32_t magic = r.read<uint32_t>("magic");
+  if (magic != kMagic) fail(path, "bad magic: not a GGUF file");
+  version_ = r.read<uint32_t>("version");
+  if (version_ != kVersion)
+    fail(path, "unsupported GGUF version " + std::to_string(version_) + " (only 3 is read)");
+  const uint64_t n_tensors = r.read<uint64_t>("tensor count");
+  const uint64_t n_kv = r.read<uint64_t>("metadata count");
+  if (n_tensors > kMaxCount || n_kv > kMaxCount)
+    fail(path, "implausible tensor or metadata count");
 
-    for (uint64_t i = 0; i < n_kv; ++i) {
-      const std::string key = r.string("metadata key " + std::to_string(i));
-      const std::string what = "metadata '" + key + "'";
-      const auto type = static_cast<GgufValueType>(r.read<uint32_t>(what));
-      GgufValue v;
-      if (type == GgufValueType::ARRAY) {
-        v.type = type;
-        v.element = static_cast<GgufValueType>(r.read<uint32_t>(what));
-        v.count = r.read<uint64_t>(what);
-        if (v.count > kMaxCount) fail(path, what + ": implausible array length");
-        v.offset = r.pos();
-        if (v.element == GgufValueType::STRING) {
-          for (uint64_t j = 0; j < v.count; ++j) r.string(what);
-        } else {
-          const size_t size = scalar_size(v.element);
-          if (size == 0) fail(path, what + ": unknown array element type " + std::to_string(uint32_t(v.element)));
-          r.take(size * v.count, what);
-        }
+  for (uint64_t i = 0; i < n_kv; ++i) {
+    const std::string key = r.string("metadata key " + std::to_string(i));
+    const std::string what = "metadata '" + key + "'";
+    const auto type = static_cast<GgufValueType>(r.read<uint32_t>(what));
+    GgufValue v;
+    if (type == GgufValueType::ARRAY) {
+      v.type = type;
+      v.element = static_cast<GgufValueType>(r.read<uint32_t>(what));
+      v.count = r.read<uint64_t>(what);
+      if (v.count > kMaxCount) fail(path, what + ": implausible array length");
+      v.offset = r.pos();
+      if (v.element == GgufValueType::STRING) {
+        for (uint64_t j = 0; j < v.count; ++j) r.string(what);
       } else {
-        if (type != GgufValueType::STRING && scalar_size(type) == 0)
-          fail(path, what + ": unknown value type " + std::to_string(uint32_t(type)));
-        v = read_scalar(r, type, what);
+        const size_t size = scalar_size(v.element);
+        if (size == 0) fail(path, what + ": unknown array element type " + std::to_string(uint32_t(v.element)));
+        r.take(size * v.count, what);  // at most 8 * 2^32: no overflow
       }
-      if (!metadata_.emplace(key, std::move(v)).second) fail(path, "duplicate " + what);
+    } else {
+      if (type != GgufValueType::STRING && scalar_size(type) == 0)
+        fail(path, what + ": unknown value type " + std::to_string(uint32_t(type)));
+      v = read_scalar(r, type, what);
     }
-
-    uint64_t alignment = kDefaultAlignment;
-    if (has("general.alignment")) {
-      const int64_t a = get_int("general.alignment");
-      if (a <= 0 || (a & (a - 1)) != 0)
-        fail(path, "general.alignment " + std::to_string(a) + " is not a power of two");
-      alignment = static_cast<uint64_t>(a);
-    }
-
-    for (uint64_t i = 0; i < n_tensors; ++i) {
-      GgufTensorInfo t;
-      t.name = r.string("tensor info " + std::to_string(i));
-      const std::string what = "tensor '" + t.name + "'";
-      const uint32_t n_dims = r.read<uint32_t>(what);
-      if (n_dims == 0 || n_dims > kMaxDims)
-        fail(path, what + ": " + std::to_string(n_dims) + " dimensions (1 to 4 allowed)");
-      uint64_t elements = 1;
-      for (uint32_t d = 0; d < n_dims; ++d) {
-        const uint64_t n = r.read<uint64_t>(what);
-        if (n == 0 || n > (uint64_t{1} << 40) || __builtin_mul_overflow(elements, n, &elements))
-          fail(path, what + ": bad dimension " + std::to_string(n));
-        t.ne.push_back(static_cast<int64_t>(n));
-      }
-      t.type = r.read<uint32_t>(what);
-      t.offset = r.read<uint64_t>(what);
-      if (type_names().count(t.type) == 0)
-        fail(path, what + ": unknown tensor type " + std::to_string(t.type));
-      if (t.offset % alignment != 0)
-        fail(path, what + ": offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
-                       std::to_string(alignment));
-      if (supported(t.type)) {
-        const QuantType qt = *quant_type_from_ggml(t.type);
-        if (!quant_row_fits(qt, t.ne[0]))
-          fail(path, what + ": " + quant_name(qt) + " row of " + std::to_string(t.ne[0]) +
-                         " values is not a multiple of " + std::to_string(quant_traits(qt).block_values));
-        t.bytes = static_cast<uint64_t>(quant_row_bytes(qt, t.ne[0])) * (elements / static_cast<uint64_t>(t.ne[0]));
-      }
-      if (!tensors_.emplace(t.name, t).second) fail(path, "duplicate " + what);
-      order_.push_back(t.name);
-    }
-
-    const uint64_t data_start = (r.pos() + alignment - 1) / alignment * alignment;
-    if (data_start > map_size_ && n_tensors > 0)
-      fail(path, "file ends before the tensor data section (truncated)");
-    data_ = base + std::min<uint64_t>(data_start, map_size_);
-    const uint64_t data_size = map_size_ - std::min<uint64_t>(data_start, map_size_);
-    for (const auto& [name, t] : tensors_) {
-      if (t.offset > data_size || t.bytes > data_size - t.offset)
-        fail(path, "tensor '" + name + "': data [" + std::to_string(t.offset) + ", " +
-                       std::to_string(t.offset + t.bytes) + ") runs past the end of the file (" +
-                       std::to_string(data_size) + " data bytes; truncated or offset out of range)");
-    }
-  } catch (...) {
-    ::munmap(map_, map_size_);
-    map_ = nullptr;
-    throw;
+    if (!metadata_.emplace(key, std::move(v)).second) fail(path, "duplicate " + what);
   }
+
+  uint64_t alignment = kDefaultAlignment;
+  if (has("general.alignment")) {
+    const int64_t a = get_int("general.alignment");
+    if (a <= 0 || a > kMaxAlignment || (a & (a - 1)) != 0)
+      fail(path, "metadata 'general.alignment': " + std::to_string(a) + " is not a power of two up to " +
+                     std::to_string(kMaxAlignment));
+    alignment = static_cast<uint64_t>(a);
+  }
+
+  for (uint64_t i = 0; i < n_tensors; ++i) {
+    GgufTensorInfo t;
+    t.name = r.string("tensor info " + std::to_string(i));
+    const std::string what = "tensor '" + t.name + "'";
+    const uint32_t n_dims = r.read<uint32_t>(what);
+    if (n_dims == 0 || n_dims > kMaxDims)
+      fail(path, what + ": " + std::to_string(n_dims) + " dimensions (1 to 4 allowed)");
+    uint64_t elements = 1;
+    for (uint32_t d = 0; d < n_dims; ++d) {
+      const uint64_t n = r.read<uint64_t>(what);
+      if (n == 0 || n > (uint64_t{1} << 40) || __builtin_mul_overflow(elements, n, &elements))
+        fail(path, what + ": bad dimension " + std::to_string(n));
+      t.ne.push_back(static_cast<int64_t>(n));
+    }
+    t.type = r.read<uint32_t>(what);
+    t.offset = r.read<uint64_t>(what);
+    const auto layout = type_layouts().find(t.type);
+    if (layout == type_layouts().end())
+      fail(path, what + ": unknown tensor type " + std::to_string(t.type));
+    if (t.offset % alignment != 0)
+      fail(path, what + ": offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
+                     std::to_string(alignment));
+    // Every known type is sized, loadable or not, so that the whole data section is
+    // accounted for below.
+    const TypeLayout& tl = layout->second;
+    if (static_cast<uint64_t>(t.ne[0]) % tl.block_values != 0)
+      fail(path, what + ": " + tl.name + " row of " + std::to_string(t.ne[0]) + " values is not a multiple of " +
+                     std::to_string(tl.block_values));
+    if (__builtin_mul_overflow(elements / tl.block_values, tl.block_bytes, &t.bytes))
+      fail(path, what + ": " + std::to_string(elements) + " " + tl.name + " values overflow a byte count");
+    if (!tensors_.emplace(t.name, t).second) fail(path, "duplicate " + what);
+    order_.push_back(t.name);
+  }
+
+  const uint64_t data_start = (r.pos() + alignment - 1) / alignment * alignment;
+  if (data_start > map_size_ && n_tensors > 0)
+    fail(path, "file ends before the tensor data section (truncated)");
+  data_ = base + std::min<uint64_t>(data_start, map_size_);
+  const uint64_t data_size = map_size_ - std::min<uint64_t>(data_start, map_size_);
+  for (const auto& [name, t] : tensors_) {
+    if (t.offset > data_size || t.bytes > data_size - t.offset)
+      fail(path, "tensor '" + name + "': data [" + std::to_string(t.offset) + ", " +
+                     std::to_string(t.offset + t.bytes) + ") runs past the end of the file (" +
+                     std::to_string(data_size) + " data bytes; truncated or offset out of range)");
+  }
+  check_data_section(path, tensors_, alignment, data_size);
 }
 
-GgufFile::~GgufFile() {
-  if (map_ != nullptr) ::munmap(map_, map_size_);
-}
+GgufFile::~GgufFile() = default;
 
 int64_t GgufFile::get_int(const std::string& key) const {
   const auto it = metadata_.find(key);
@@ -322,7 +349,7 @@ std::vector<std::string> GgufFile::get_string_array(const std::string& key) cons
   const GgufValue& v = array_value(path_, metadata_, key);
   if (v.element != GgufValueType::STRING) fail(path_, "metadata '" + key + "' is not an array of strings");
   // The header was validated at open, so these reads stay inside the file.
-  Reader r(path_, static_cast<const uint8_t*>(map_), map_size_);
+  Reader r(path_, map_, map_size_);
   r.take(v.offset, key);
   std::vector<std::string> out;
   out.reserve(v.count);
@@ -334,7 +361,7 @@ std::vector<int64_t> GgufFile::get_int_array(const std::string& key) const {
   const GgufValue& v = array_value(path_, metadata_, key);
   if (!is_integer(v.element) || v.element == GgufValueType::ARRAY)
     fail(path_, "metadata '" + key + "' is not an array of integers");
-  Reader r(path_, static_cast<const uint8_t*>(map_), map_size_);
+  Reader r(path_, map_, map_size_);
   r.take(v.offset, key);
   std::vector<int64_t> out;
   out.reserve(v.count);
@@ -347,7 +374,7 @@ std::vector<float> GgufFile::get_float_array(const std::string& key) const {
   const bool floating = v.element == GgufValueType::F32 || v.element == GgufValueType::F64;
   if (!floating && (!is_integer(v.element) || v.element == GgufValueType::ARRAY || v.element == GgufValueType::BOOL))
     fail(path_, "metadata '" + key + "' is not an array of numbers");
-  Reader r(path_, static_cast<const uint8_t*>(map_), map_size_);
+  Reader r(path_, map_, map_size_);
   r.take(v.offset, key);
   std::vector<float> out;
   out.reserve(v.count);
@@ -593,7 +620,25 @@ ModelConfig gguf_config(const GgufFile& f) {
   c.tie_embeddings = !f.contains("output.weight");
   if (f.has("tokenizer.ggml.bos_token_id")) c.bos_token_id = f.get_int("tokenizer.ggml.bos_token_id");
   if (f.has("tokenizer.ggml.eos_token_id")) c.eos_token_ids = {f.get_int("tokenizer.ggml.eos_token_id")};
-  c.validate(f.path());
+  // Messages name the metadata key this file holds, not its config.json counterpart.
+  const std::map<std::string, std::string> keys = {
+      {"vocab_size", f.has(k + "vocab_size") ? k + "vocab_size" : "token_embd.weight"},
+      {"hidden_size", k + "embedding_length"},
+      {"num_hidden_layers", k + "block_count"},
+      {"num_attention_heads", k + "attention.head_count"},
+      {"num_key_value_heads", f.has(k + "attention.head_count_kv") ? k + "attention.head_count_kv"
+                                                                    : k + "attention.head_count"},
+      {"head_dim", f.has(k + "attention.key_length") ? k + "attention.key_length"
+                                                     : k + "embedding_length / attention.head_count"},
+      {"intermediate_size", k + "feed_forward_length"},
+      {"max_position_embeddings", k + "context_length"},
+      {"rope_theta", k + "rope.freq_base"},
+      {"rms_norm_eps", k + "attention.layer_norm_rms_epsilon"},
+      {"eos_token_id", "tokenizer.ggml.eos_token_id"}};
+  c.validate(f.path(), [&keys](const std::string& hf_key) {
+    const auto it = keys.find(hf_key);
+    return it == keys.end() ? hf_key : it->second;
+  });
   return c;
 }
 

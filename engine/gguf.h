@@ -2,7 +2,9 @@
 //
 // A GgufFile maps one file and validates its whole header up front (magic, version, metadata,
 // tensor index, tensor types, byte ranges inside the file, alignment), so a malformed file
-// fails before any tensor is used; tensor bytes are only touched when a tensor is loaded,
+// fails before any tensor is used. The data section must be accounted for: tensors may not
+// overlap, and apart from alignment padding no byte of it may belong to no tensor, so a
+// header whose tensor count is off cannot shift every tensor onto the wrong bytes; tensor bytes are only touched when a tensor is loaded,
 // which lets a pipeline rank read just its own layers. Tensors of type F32, F16, BF16, Q8_0,
 // Q4_0, Q4_1, Q4_K, Q5_K and Q6_K load as matrices in their stored type (WeightMatrix) or as
 // float32 copies; any other type is refused, naming it.
@@ -21,11 +23,14 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace kvpipe {
+
+class MappedFile;
 
 // ggml tensor type ids (ggml.h), the ones this code reads or writes.
 enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q8_0 = 8, BF16 = 30 };
@@ -93,7 +98,8 @@ class GgufFile {
  private:
   std::string path_;
   uint32_t version_ = 0;
-  void* map_ = nullptr;
+  std::unique_ptr<MappedFile> file_;
+  const uint8_t* map_ = nullptr;   // the whole file
   size_t map_size_ = 0;
   const uint8_t* data_ = nullptr;  // start of the data section
   std::map<std::string, GgufValue> metadata_;

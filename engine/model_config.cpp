@@ -1,8 +1,17 @@
 #include "engine/model_config.h"
 
+#include "engine/mapped_file.h"
+
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <stdexcept>
 
 namespace kvpipe {
@@ -11,45 +20,118 @@ namespace {
 using nlohmann::json;
 
 [[noreturn]] void fail(const std::string& source, const std::string& what) {
-  throw std::invalid_argument(source + ": " + what);
+  std::string message = source + ": " + what;
+  std::replace_if(
+      message.begin(), message.end(), [](char c) { return c == '\n' || c == '\r'; }, ' ');
+  throw std::invalid_argument(message);
 }
 
-int64_t get_int(const json& j, const std::string& key, const std::string& src) {
-  if (!j.contains(key)) fail(src, "missing key '" + key + "'");
-  const json& v = j.at(key);
-  if (!v.is_number_integer()) fail(src, "key '" + key + "' must be an integer");
+// "string \"yes\"", "number 5", ...: what a key holds, short enough for a one-line message.
+std::string describe(const json& v) {
+  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > 40) text = text.substr(0, 37) + "...";
+  if (v.is_string()) return "string " + text;
+  if (v.is_boolean()) return "boolean " + text;
+  if (v.is_number()) return "number " + text;
+  if (v.is_null()) return "null";
+  return std::string(v.type_name()) + " " + text;
+}
+
+[[noreturn]] void wrong_type(const std::string& src, const std::string& key, const std::string& expected,
+                             const json& v) {
+  fail(src, "'" + key + "': expected " + expected + ", got " + describe(v));
+}
+
+// The value of `key`, or nothing when it is absent or null (HF writes null for "unset").
+const json* find(const json& j, const std::string& key) {
+  const auto it = j.find(key);
+  return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+
+int64_t as_int(const json& v, const std::string& key, const std::string& src) {
+  if (!v.is_number_integer() ||
+      (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())))
+    wrong_type(src, key, "an integer", v);
   return v.get<int64_t>();
 }
 
+int64_t get_int(const json& j, const std::string& key, const std::string& src) {
+  const json* v = find(j, key);
+  if (v == nullptr) fail(src, "missing key '" + key + "'");
+  return as_int(*v, key, src);
+}
+
+int64_t get_int(const json& j, const std::string& key, int64_t fallback, const std::string& src) {
+  const json* v = find(j, key);
+  return v == nullptr ? fallback : as_int(*v, key, src);
+}
+
 double get_number(const json& j, const std::string& key, double fallback, const std::string& src) {
-  if (!j.contains(key) || j.at(key).is_null()) return fallback;
-  if (!j.at(key).is_number()) fail(src, "key '" + key + "' must be a number");
-  return j.at(key).get<double>();
+  const json* v = find(j, key);
+  if (v == nullptr) return fallback;
+  if (!v->is_number()) wrong_type(src, key, "a number", *v);
+  return v->get<double>();
+}
+
+bool get_bool(const json& j, const std::string& key, bool fallback, const std::string& src) {
+  const json* v = find(j, key);
+  if (v == nullptr) return fallback;
+  if (!v->is_boolean()) wrong_type(src, key, "true or false", *v);
+  return v->get<bool>();
+}
+
+std::string get_string(const json& j, const std::string& key, const std::string& fallback, const std::string& src) {
+  const json* v = find(j, key);
+  if (v == nullptr) return fallback;
+  if (!v->is_string()) wrong_type(src, key, "a string", *v);
+  return v->get<std::string>();
 }
 
 }  // namespace
 
-void ModelConfig::validate(const std::string& source) const {
-  auto positive = [&](int64_t v, const char* key) {
-    if (v <= 0) fail(source, std::string("'") + key + "' must be positive, got " + std::to_string(v));
+void ModelConfig::validate(const std::string& source,
+                           const std::function<std::string(const std::string&)>& key_name) const {
+  auto key = [&](const char* hf_key) { return "'" + (key_name ? key_name(hf_key) : std::string(hf_key)) + "'"; };
+  // Bounds first: nothing below, and nothing the caller does next, may multiply an unchecked
+  // size.
+  auto size = [&](int64_t v, const char* hf_key, int64_t max) {
+    if (v <= 0) fail(source, key(hf_key) + " must be positive, got " + std::to_string(v));
+    if (v > max)
+      fail(source, key(hf_key) + " is " + std::to_string(v) + ", more than the " + std::to_string(max) +
+                       " supported");
   };
-  positive(vocab_size, "vocab_size");
-  positive(hidden_size, "hidden_size");
-  positive(num_layers, "num_hidden_layers");
-  positive(num_heads, "num_attention_heads");
-  positive(num_kv_heads, "num_key_value_heads");
-  positive(head_dim, "head_dim");
-  positive(intermediate_size, "intermediate_size");
-  positive(max_position, "max_position_embeddings");
+  size(vocab_size, "vocab_size", kMaxModelVocab);
+  size(hidden_size, "hidden_size", kMaxModelHidden);
+  size(num_layers, "num_hidden_layers", kMaxModelLayers);
+  size(num_heads, "num_attention_heads", kMaxModelHeads);
+  size(num_kv_heads, "num_key_value_heads", kMaxModelHeads);
+  size(head_dim, "head_dim", kMaxModelHeadDim);
+  size(intermediate_size, "intermediate_size", kMaxModelIntermediate);
+  size(max_position, "max_position_embeddings", kMaxModelPositions);
   if (num_heads % num_kv_heads != 0)
-    fail(source, "num_attention_heads (" + std::to_string(num_heads) +
-                     ") is not a multiple of num_key_value_heads (" +
-                     std::to_string(num_kv_heads) + ")");
-  if (head_dim % 2 != 0) fail(source, "head_dim must be even for RoPE");
-  if (rope_theta <= 0) fail(source, "'rope_theta' must be positive");
-  if (rms_eps <= 0) fail(source, "'rms_norm_eps' must be positive");
+    fail(source, key("num_attention_heads") + " (" + std::to_string(num_heads) + ") is not a multiple of " +
+                     key("num_key_value_heads") + " (" + std::to_string(num_kv_heads) + ")");
+  if (head_dim % 2 != 0) fail(source, key("head_dim") + " must be even for RoPE, got " + std::to_string(head_dim));
+  // NaN fails every comparison, so the tests are written to let only finite positives pass.
+  if (!(std::isfinite(rope_theta) && rope_theta > 0))
+    fail(source, key("rope_theta") + " must be a finite positive number, got " + std::to_string(rope_theta));
+  if (!(std::isfinite(rms_eps) && rms_eps > 0))
+    fail(source, key("rms_norm_eps") + " must be a finite positive number, got " + std::to_string(rms_eps));
   for (int64_t id : eos_token_ids)
-    if (id < 0 || id >= vocab_size) fail(source, "'eos_token_id' " + std::to_string(id) + " is outside the vocabulary");
+    if (id < 0 || id >= vocab_size)
+      fail(source, key("eos_token_id") + " " + std::to_string(id) + " is outside the vocabulary (0.." +
+                       std::to_string(vocab_size - 1) + ")");
+  // Within the bounds the count fits in 128 bits many times over; the limit keeps every byte
+  // count derived from it inside int64_t.
+  const __int128 q = static_cast<__int128>(num_heads) * head_dim, kv = static_cast<__int128>(num_kv_heads) * head_dim;
+  const __int128 layer = static_cast<__int128>(hidden_size) * (2 * q + 2 * kv) + 3 * q + 3 * kv +
+                         static_cast<__int128>(3) * hidden_size * intermediate_size + 2 * hidden_size;
+  const __int128 total = layer * num_layers + static_cast<__int128>(vocab_size) * hidden_size * 2 + hidden_size;
+  if (total > kMaxModelParams)
+    fail(source, "the model's shape (" + key("num_hidden_layers") + " " + std::to_string(num_layers) + ", " +
+                     key("hidden_size") + " " + std::to_string(hidden_size) + ", " + key("intermediate_size") +
+                     " " + std::to_string(intermediate_size) + ", " + key("vocab_size") + " " +
+                     std::to_string(vocab_size) + ") means more than 2^48 parameters");
 }
 
 int64_t ModelConfig::layer_params() const {
@@ -65,79 +147,82 @@ int64_t ModelConfig::total_params() const {
 
 ModelConfig load_hf_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
-  std::ifstream in(path);
-  if (!in) fail(path, "cannot open (a model directory needs config.json)");
+  // A missing file is most often a path that is not a model directory at all.
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0 && (errno == ENOENT || errno == ENOTDIR))
+    fail(path, "cannot open (a model directory needs config.json)");
+  const std::string text = read_regular_file(path, kMaxConfigJsonBytes);
   json j;
   try {
-    in >> j;
-  } catch (const json::exception& e) {
-    fail(path, std::string("not valid JSON: ") + e.what());
+    j = json::parse(text);
+  } catch (const json::exception& e) {  // out_of_range too: a number such as 1e999
+    // nlohmann's "[json.exception.parse_error.101] " prefix means nothing to a user.
+    const std::string what = e.what();
+    const size_t tag_end = what.find("] ");
+    fail(path, "not valid JSON: " + (tag_end == std::string::npos ? what : what.substr(tag_end + 2)));
   }
   if (!j.is_object()) fail(path, "top level is not a JSON object");
 
   ModelConfig c;
-  if (!j.contains("architectures") || !j["architectures"].is_array() || j["architectures"].empty() ||
-      !j["architectures"][0].is_string())
-    fail(path, "missing key 'architectures'");
-  c.architecture = j["architectures"][0].get<std::string>();
+  const json* arch = find(j, "architectures");
+  if (arch == nullptr) fail(path, "missing key 'architectures'");
+  if (!arch->is_array() || arch->empty() || !(*arch)[0].is_string())
+    wrong_type(path, "architectures", "a list of names", *arch);
+  c.architecture = (*arch)[0].get<std::string>();
   if (c.architecture != "LlamaForCausalLM" && c.architecture != "MistralForCausalLM" &&
       c.architecture != "Qwen2ForCausalLM")
     fail(path, "unsupported architecture '" + c.architecture +
                    "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
   c.qkv_bias = c.architecture == "Qwen2ForCausalLM";
-  if (j.contains("attention_bias") && j["attention_bias"].is_boolean() && j["attention_bias"].get<bool>()) {
+  if (get_bool(j, "attention_bias", false, path)) {
     if (c.architecture != "LlamaForCausalLM" && c.architecture != "Qwen2ForCausalLM")
       fail(path, "'attention_bias' is not supported for " + c.architecture);
     // Llama's attention_bias also puts a bias on o_proj, which the engine does not have.
     if (c.architecture == "LlamaForCausalLM") fail(path, "'attention_bias: true' is not supported");
   }
-  if (j.contains("mlp_bias") && j["mlp_bias"].is_boolean() && j["mlp_bias"].get<bool>())
-    fail(path, "'mlp_bias: true' is not supported");
+  if (get_bool(j, "mlp_bias", false, path)) fail(path, "'mlp_bias: true' is not supported");
 
   c.vocab_size = get_int(j, "vocab_size", path);
   c.hidden_size = get_int(j, "hidden_size", path);
   c.num_layers = get_int(j, "num_hidden_layers", path);
   c.num_heads = get_int(j, "num_attention_heads", path);
-  c.num_kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
-                       ? get_int(j, "num_key_value_heads", path)
-                       : c.num_heads;
+  c.num_kv_heads = get_int(j, "num_key_value_heads", c.num_heads, path);
   c.intermediate_size = get_int(j, "intermediate_size", path);
-  c.max_position = j.contains("max_position_embeddings") ? get_int(j, "max_position_embeddings", path) : 2048;
-  c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null()
-                   ? get_int(j, "head_dim", path)
-                   : (c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
+  c.max_position = get_int(j, "max_position_embeddings", 2048, path);
+  c.head_dim = get_int(j, "head_dim", c.num_heads > 0 ? c.hidden_size / c.num_heads : 0, path);
   c.rope_theta = get_number(j, "rope_theta", 10000.0, path);
   c.rms_eps = get_number(j, "rms_norm_eps", 1e-6, path);
-  c.tie_embeddings = j.value("tie_word_embeddings", false);
+  c.tie_embeddings = get_bool(j, "tie_word_embeddings", false, path);
 
-  const std::string act = j.value("hidden_act", std::string("silu"));
+  const std::string act = get_string(j, "hidden_act", "silu", path);
   if (act != "silu") fail(path, "unsupported 'hidden_act' '" + act + "' (only silu)");
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    const json& rs = j["rope_scaling"];
-    std::string type = rs.value("rope_type", rs.value("type", std::string("?")));
+  if (const json* rs = find(j, "rope_scaling")) {
+    if (!rs->is_object()) wrong_type(path, "rope_scaling", "an object or null", *rs);
+    const std::string type =
+        get_string(*rs, "rope_type", get_string(*rs, "type", "?", path + ": 'rope_scaling'"), path + ": 'rope_scaling'");
     if (type != "default")
       fail(path, "unsupported 'rope_scaling' type '" + type + "' (only plain RoPE is implemented)");
   }
-  if (j.contains("partial_rotary_factor") && get_number(j, "partial_rotary_factor", 1.0, path) != 1.0)
+  if (get_number(j, "partial_rotary_factor", 1.0, path) != 1.0)
     fail(path, "'partial_rotary_factor' other than 1 is not supported");
   // A sliding window changes attention only past its length: cap the context there instead
   // of running longer sequences with the wrong mask.
-  const bool qwen_window = c.architecture == "Qwen2ForCausalLM" && j.value("use_sliding_window", false);
-  if (c.architecture == "Qwen2ForCausalLM" && qwen_window)
-    fail(path, "'use_sliding_window: true' is not supported");
-  if (c.architecture == "MistralForCausalLM" && j.contains("sliding_window") &&
-      j["sliding_window"].is_number_integer()) {
-    const int64_t w = j["sliding_window"].get<int64_t>();
+  const bool qwen_window = c.architecture == "Qwen2ForCausalLM" && get_bool(j, "use_sliding_window", false, path);
+  if (qwen_window) fail(path, "'use_sliding_window: true' is not supported");
+  if (c.architecture == "MistralForCausalLM") {
+    const int64_t w = get_int(j, "sliding_window", 0, path);
     if (w > 0 && w < c.max_position) c.max_position = w;
   }
-  if (j.contains("eos_token_id")) {
-    const json& e = j["eos_token_id"];
-    if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int64_t>());
-    else if (e.is_array())
-      for (const json& x : e)
-        if (x.is_number_integer()) c.eos_token_ids.push_back(x.get<int64_t>());
+  if (const json* e = find(j, "eos_token_id")) {
+    if (e->is_array()) {
+      for (const json& x : *e) c.eos_token_ids.push_back(as_int(x, "eos_token_id", path));
+    } else if (e->is_number_integer()) {
+      c.eos_token_ids.push_back(as_int(*e, "eos_token_id", path));
+    } else {
+      wrong_type(path, "eos_token_id", "an integer or a list of integers", *e);
+    }
   }
-  if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"].get<int64_t>();
+  c.bos_token_id = get_int(j, "bos_token_id", -1, path);
   c.validate(path);
   return c;
 }

@@ -4,14 +4,33 @@
 // taken from a named preset. Anything the engine does not implement (another architecture,
 // an activation other than SiLU, a rope_scaling type, an active sliding window shorter than
 // the context) is refused with std::invalid_argument naming the file and key: a model is
-// never run with math that differs from its definition.
+// never run with math that differs from its definition. So is a value of the wrong JSON
+// type, a hyper-parameter that is not a finite positive number, and a size beyond the
+// bounds below: every size is checked before anything is allocated or partitioned by it.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace kvpipe {
+
+// Bounds on a model's shape, far above every released model of the supported families
+// (Llama 3.1 405B: 126 layers, hidden 16384, 128 heads, feed-forward 53248, vocabulary
+// 128256; Qwen2.5-1M: 1010000 positions), so that only a corrupt or hostile file meets them.
+// With every size inside them the parameter count and the byte counts derived from it fit
+// in int64_t.
+inline constexpr int64_t kMaxModelLayers = 4096;
+inline constexpr int64_t kMaxModelHeads = 4096;                      // attention heads
+inline constexpr int64_t kMaxModelHeadDim = 4096;
+inline constexpr int64_t kMaxModelHidden = int64_t{1} << 17;         // 131072
+inline constexpr int64_t kMaxModelIntermediate = int64_t{1} << 20;   // 1048576
+inline constexpr int64_t kMaxModelVocab = int64_t{1} << 24;          // 16777216
+inline constexpr int64_t kMaxModelPositions = int64_t{1} << 24;      // 16777216
+inline constexpr int64_t kMaxModelParams = int64_t{1} << 48;
+// A config.json is a few kilobytes; reading stops well before a runaway file fills memory.
+inline constexpr uint64_t kMaxConfigJsonBytes = uint64_t{16} << 20;
 
 struct ModelConfig {
   std::string architecture = "LlamaForCausalLM";
@@ -30,9 +49,12 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1;
 
-  // Checks internal consistency (positive sizes, heads divisible by kv heads, ...);
-  // `source` names the file or preset in messages.
-  void validate(const std::string& source) const;
+  // Checks internal consistency (sizes positive and within the bounds above, heads
+  // divisible by kv heads, finite positive rope_theta and rms_norm_eps, ...); `source` names
+  // the file or preset in messages, and `key_name`, when given, turns a config.json key into
+  // the name the source gives it (GGUF metadata keys).
+  void validate(const std::string& source,
+                const std::function<std::string(const std::string&)>& key_name = {}) const;
 
   // Parameters of one decoder layer, and of the embedding (= LM head when untied).
   int64_t layer_params() const;

@@ -1,10 +1,8 @@
 #include "engine/safetensors.h"
 
+#include "engine/mapped_file.h"
+
 #include <ATen/ATen.h>
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -28,6 +26,8 @@ constexpr const char* kMetadataKey = "__metadata__";
 constexpr size_t kLengthBytes = 8;
 constexpr const char* kIndexName = "model.safetensors.index.json";
 constexpr const char* kSingleName = "model.safetensors";
+// The index of a 405B model is about 100 KiB.
+constexpr uint64_t kMaxIndexBytes = uint64_t{64} << 20;
 
 // Messages quote tensor names and parser output, either of which may hold a newline; callers
 // rely on one-line messages.
@@ -100,11 +100,6 @@ uint64_t read_le64(const uint8_t* bytes) {
 void write_le64(uint64_t value, char* out) {
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((value >> (8 * i)) & 0xff);
 }
-
-struct FdCloser {
-  int fd;
-  ~FdCloser() { ::close(fd); }
-};
 
 SafetensorsEntry parse_entry(const std::string& path, const std::string& name, const json& spec,
                              uint64_t data_size) {
@@ -206,15 +201,11 @@ void check_no_overlap(const std::string& path,
 }
 
 std::map<std::string, std::string> read_weight_map(const std::string& index_path) {
-  std::ifstream in(index_path, std::ios::binary);
-  if (!in) fail(index_path, "cannot open");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) fail(index_path, "cannot read");
-
+  const std::string text = read_regular_file(index_path, kMaxIndexBytes);
   json index;
   try {
     index = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // out_of_range too: a number such as 1e999
     fail(index_path, "not valid JSON: " + json_reason(e));
   }
   if (!index.is_object()) fail(index_path, "not a JSON object");
@@ -228,7 +219,21 @@ std::map<std::string, std::string> read_weight_map(const std::string& index_path
     if (!file.is_string()) {
       fail(index_path, "\"weight_map\" entry for " + tensor_label(tensor) + " is not a file name");
     }
-    weight_map.emplace(tensor, file.get<std::string>());
+    const std::string name = file.get<std::string>();
+    // A shard is a file of the model's own folder: an index may not make a rank read
+    // whatever else a path reaches (`../`, an absolute path). Symbolic links are followed,
+    // since the Hugging Face cache links every snapshot file to a blob outside the folder.
+    const fs::path shard(name);
+    const bool plain = !name.empty() && shard.is_relative() && shard.has_filename() &&
+                       std::none_of(shard.begin(), shard.end(), [](const fs::path& part) {
+                         return part == ".." || part == ".";
+                       }) &&
+                       name.find('\0') == std::string::npos;
+    if (!plain) {
+      fail(index_path, "\"weight_map\" puts " + tensor_label(tensor) + " in " + single_quoted(name) +
+                           ", which is not a file inside the model's folder");
+    }
+    weight_map.emplace(tensor, name);
   }
   return weight_map;
 }
@@ -236,63 +241,41 @@ std::map<std::string, std::string> read_weight_map(const std::string& index_path
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, std::string("cannot open (") + std::strerror(errno) + ")");
-  const FdCloser closer{fd};
-
-  struct stat info {};
-  if (::fstat(fd, &info) != 0) {
-    fail(path, std::string("cannot stat (") + std::strerror(errno) + ")");
-  }
-  if (!S_ISREG(info.st_mode)) fail(path, "not a regular file");
-  const uint64_t size = static_cast<uint64_t>(info.st_size);
+  file_ = std::make_unique<MappedFile>(path);
+  const uint64_t size = file_->size();
   if (size < kLengthBytes) {
     fail(path, "file is " + std::to_string(size) + " bytes, shorter than the 8-byte header length");
   }
-
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (map == MAP_FAILED) fail(path, std::string("cannot mmap (") + std::strerror(errno) + ")");
-  map_ = map;
-  map_size_ = size;
-
-  // The destructor does not run for a constructor that throws, so the mapping is released here.
-  try {
-    const auto* bytes = static_cast<const uint8_t*>(map_);
-    const uint64_t header_size = read_le64(bytes);
-    if (header_size > size - kLengthBytes) {
-      fail(path, "header length " + std::to_string(header_size) +
-                     " runs past the end of the file (" + std::to_string(size) + " bytes)");
-    }
-    const auto* header_text = reinterpret_cast<const char*>(bytes + kLengthBytes);
-    json header;
-    try {
-      header = json::parse(header_text, header_text + header_size);
-    } catch (const json::parse_error& e) {
-      fail(path, "header is not valid JSON: " + json_reason(e));
-    }
-    if (!header.is_object()) {
-      fail(path, std::string("header is not a JSON object (found ") + header.type_name() + ")");
-    }
-
-    data_ = bytes + kLengthBytes + header_size;
-    const uint64_t data_size = size - kLengthBytes - header_size;
-    for (const auto& [name, spec] : header.items()) {
-      if (name == kMetadataKey) {
-        metadata_ = parse_metadata(path, spec);
-      } else {
-        entries_.emplace(name, parse_entry(path, name, spec, data_size));
-      }
-    }
-    check_no_overlap(path, entries_);
-  } catch (...) {
-    ::munmap(map_, map_size_);
-    throw;
+  const uint8_t* bytes = file_->data();
+  const uint64_t header_size = read_le64(bytes);
+  if (header_size > size - kLengthBytes) {
+    fail(path, "header length " + std::to_string(header_size) +
+                   " runs past the end of the file (" + std::to_string(size) + " bytes)");
   }
+  const auto* header_text = reinterpret_cast<const char*>(bytes + kLengthBytes);
+  json header;
+  try {
+    header = json::parse(header_text, header_text + header_size);
+  } catch (const json::exception& e) {  // out_of_range too: a number such as 1e999
+    fail(path, "header is not valid JSON: " + json_reason(e));
+  }
+  if (!header.is_object()) {
+    fail(path, std::string("header is not a JSON object (found ") + header.type_name() + ")");
+  }
+
+  data_ = bytes + kLengthBytes + header_size;
+  const uint64_t data_size = size - kLengthBytes - header_size;
+  for (const auto& [name, spec] : header.items()) {
+    if (name == kMetadataKey) {
+      metadata_ = parse_metadata(path, spec);
+    } else {
+      entries_.emplace(name, parse_entry(path, name, spec, data_size));
+    }
+  }
+  check_no_overlap(path, entries_);
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (map_ != nullptr) ::munmap(map_, map_size_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
   const auto it = entries_.find(name);

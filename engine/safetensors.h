@@ -4,7 +4,8 @@
 // dtypes, shapes, byte counts, offsets inside the data and not overlapping), so a malformed
 // file fails before any tensor is used. Tensor bytes are only touched when a tensor is
 // loaded, which is what lets a pipeline rank read just its own layers. A SafetensorsModel is
-// a model directory: `model.safetensors`, or shards listed by `model.safetensors.index.json`.
+// a model directory: `model.safetensors`, or shards listed by `model.safetensors.index.json`,
+// each a plain file name inside that directory (never `../` or an absolute path).
 // Every problem with a file is a std::invalid_argument whose message names the file (and
 // the tensor where there is one).
 #pragma once
@@ -18,6 +19,8 @@
 #include <vector>
 
 namespace kvpipe {
+
+class MappedFile;
 
 struct SafetensorsEntry {
   std::string dtype;             // "F32", "F16", "BF16", ...
@@ -44,8 +47,7 @@ class SafetensorsFile {
 
  private:
   std::string path_;
-  void* map_ = nullptr;
-  size_t map_size_ = 0;
+  std::unique_ptr<MappedFile> file_;
   const uint8_t* data_ = nullptr;  // start of the data section
   std::map<std::string, SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;

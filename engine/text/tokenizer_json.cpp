@@ -1,5 +1,7 @@
 #include "engine/text/tokenizer_json.h"
 
+#include "engine/mapped_file.h"
+
 #include "engine/text/bpe_model.h"
 #include "engine/text/pre_tokenizer.h"
 #include "engine/text/unicode_text.h"
@@ -481,13 +483,9 @@ class Trie {
 
 // ----- the tokenizer ---------------------------------------------------------------------------
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument(path + ": cannot open");
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+// A FIFO or device in the model folder is refused instead of blocking or never ending; the
+// largest tokenizer.json files (250k-token vocabularies) are some tens of megabytes.
+std::string read_file(const std::string& path) { return read_regular_file(path, uint64_t{1} << 30); }
 
 json parse_json(const std::string& path) {
   try {

@@ -315,17 +315,18 @@ TEST_F(GgufTest, RankLoadsOnlyItsLayers) {
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& [n, shape] : hf_tensor_layout(c)) tensors.emplace_back(n, random_tensor(n, shape, 5, 0.05));
   write_gguf_model(path("m.gguf"), c, tensors, at::kFloat);
-  // Retype layer 2's down projection as Q2_K in place: the header stays valid (the reader
-  // sizes only the types it can load), loading that tensor is refused.
+  // Retype layer 2's down projection in place as I32, as many bytes per value as F32: the
+  // header stays valid (every byte of the data section still belongs to one tensor), loading
+  // that tensor is refused.
   std::string b = kvpipe::testing::slurp(path("m.gguf"));
   const size_t at = tensor_info_at(b, "blk.2.ffn_down.weight");
-  const uint32_t q2k = 10;
-  std::memcpy(&b[at + 4 + 2 * 8], &q2k, 4);
+  const uint32_t i32 = 26;
+  std::memcpy(&b[at + 4 + 2 * 8], &i32, 4);
   write_bytes("m.gguf", b);
   const ModelWeights first = load_weights(path("m.gguf"), c, {{0, 2}, true, false}, at::kFloat);
   EXPECT_EQ(first.layer.size(), 2u);
   expect_invalid([&] { load_weights(path("m.gguf"), c, {{2, 3}, false, true}, at::kFloat); },
-                 {path("m.gguf"), "blk.2.ffn_down.weight", "Q2_K"});
+                 {path("m.gguf"), "blk.2.ffn_down.weight", "I32"});
 }
 
 TEST(GgufNames, HfToGguf) {
