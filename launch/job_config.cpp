@@ -2,9 +2,14 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cerrno>
 #include <cstring>
 #include <cmath>
 #include <filesystem>
@@ -25,7 +30,19 @@ constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 constexpr int64_t kMaxBlockSize = 1024;
 constexpr int64_t kMaxNodes = 100000;
 constexpr int64_t kMaxRanksPerNode = 1024;
+// Bounds on what the job asks for, before anything is sized by it. Threads are also held to
+// the machine's core count by the plan; these are the limits no machine makes sensible.
+constexpr int64_t kMaxThreads = 1024;
+constexpr int64_t kMaxBatch = 1 << 16;
+constexpr int64_t kMaxStepTokens = 1 << 20;
+constexpr int64_t kMaxMicroBatches = 1024;
+constexpr int64_t kMaxWorkloadRequests = 1 << 20;
+constexpr int64_t kMaxWorkloadConcurrency = 1 << 16;
+// Prompt tokens a bench workload may draw up front (8 GiB of token ids).
+constexpr int64_t kMaxWorkloadPromptTokens = int64_t{1} << 30;
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
+// A job file, or a file of lengths it names, is text a person wrote: far below this.
+constexpr int64_t kMaxJobFileBytes = int64_t{16} << 20;
 
 std::string quoted(const std::string& text) {
   return "\"" + text + "\"";
@@ -98,6 +115,59 @@ bool parse_finite_double(const std::string& text, double* out) {
   if (begin != end && *begin == '+') ++begin;
   const auto result = std::from_chars(begin, end, *out);
   return begin != end && result.ec == std::errc() && result.ptr == end && std::isfinite(*out);
+}
+
+// Reads the regular file `path` of at most `max_bytes` into `text`, or says in `error` what
+// is wrong ("cannot open ...", "not a regular file ...", "larger than 16 MiB"). O_NONBLOCK
+// keeps the open of a FIFO without a writer from blocking; fstat then refuses FIFOs, sockets
+// and devices (/dev/zero never ends) before a byte is read. The read stops one byte past the
+// limit, so a file that grows meanwhile cannot make it read without bound either.
+bool read_bounded_file(const std::string& path, int64_t max_bytes, const std::string& what,
+                       std::string* text, std::string* error) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    *error = errno == ENOENT ? "cannot open " + what : "cannot open " + what + ": " + std::strerror(errno);
+    return false;
+  }
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    *error = "cannot read " + what + ": " + std::strerror(errno);
+    return false;
+  }
+  if (S_ISDIR(st.st_mode)) {
+    *error = "cannot open " + what + ": it is a directory";
+    return false;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    *error = "cannot read " + what + ": not a regular file (a FIFO, socket or device is refused)";
+    return false;
+  }
+  const std::string limit = std::to_string(max_bytes >> 20) + " MiB";
+  if (st.st_size > max_bytes) {
+    *error = "larger than " + limit + " (a job's files are read whole)";
+    return false;
+  }
+  text->clear();
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      *error = "cannot read " + what + ": " + std::strerror(errno);
+      return false;
+    }
+    if (n == 0) break;
+    text->append(buffer, static_cast<size_t>(n));
+    if (static_cast<int64_t>(text->size()) > max_bytes) {
+      *error = "larger than " + limit + " (a job's files are read whole)";
+      return false;
+    }
+  }
+  return true;
 }
 
 // Fills `bytes`, or says in `error` what is wrong with `text`. Decimal fractions are applied
@@ -313,6 +383,17 @@ class Validator {
                         "means no window)");
       });
     }
+    // bench draws every prompt before it starts.
+    const int64_t requests = int64_t{c.workload.requests} + c.workload.warmup;
+    if (requests * c.workload.prompt_len.hi > kMaxWorkloadPromptTokens &&
+        !failed_paths_.count("workload.requests")) {
+      guard([&] {
+        fail_at_key("workload.requests",
+                    std::to_string(requests) + " requests (warm-up included) of up to " +
+                        std::to_string(c.workload.prompt_len.hi) + " prompt tokens are more than the " +
+                        std::to_string(kMaxWorkloadPromptTokens) + " prompt tokens a workload may draw");
+      });
+    }
   }
   using Reader = std::function<void(const YAML::Node& value, const std::string& path)>;
   struct Field {
@@ -329,7 +410,7 @@ class Validator {
 
   std::vector<Field> runtime_fields(RuntimeSection& r) {
     return {{"device", choice(&r.device, {"auto", "cpu", "cuda"})},
-            {"threads", integer(&r.threads, 1, kIntMax)},
+            {"threads", integer(&r.threads, 1, kMaxThreads)},
             {"memory", runtime_memory(&r)},
             {"share_gpu", boolean(&r.share_gpu)},
             {"pin_threads", boolean(&r.pin_threads)}};
@@ -337,8 +418,9 @@ class Validator {
 
   std::vector<Field> parallel_fields(ParallelSection& p) {
     return {{"layers", layer_list(&p.layers)},
-            {"micro_batches", integer(&p.micro_batches, 1, kIntMax, "auto", 0)},
-            {"backend", choice(&p.backend, {"auto", "mpi", "nccl"})}};
+            {"micro_batches", integer(&p.micro_batches, 1, kMaxMicroBatches, "auto", 0)},
+            {"backend", choice(&p.backend, {"auto", "mpi", "nccl"})},
+            {"timeout", real(&p.timeout_s, 0.0, false, kInfinity, false)}};
   }
 
   std::vector<Field> cache_fields(CacheSection& c) {
@@ -352,9 +434,9 @@ class Validator {
   }
 
   std::vector<Field> scheduler_fields(SchedulerSection& s) {
-    return {{"max_batch", integer(&s.max_batch, 1, kIntMax)},
-            {"max_tokens_per_step", integer(&s.max_tokens_per_step, 1, kIntMax)},
-            {"max_prefill_tokens_per_step", integer(&s.max_prefill_tokens_per_step, 0, kIntMax)}};
+    return {{"max_batch", integer(&s.max_batch, 1, kMaxBatch)},
+            {"max_tokens_per_step", integer(&s.max_tokens_per_step, 1, kMaxStepTokens)},
+            {"max_prefill_tokens_per_step", integer(&s.max_prefill_tokens_per_step, 0, kMaxStepTokens)}};
   }
 
   std::vector<Field> sampling_fields(SamplingSection& s) {
@@ -367,13 +449,13 @@ class Validator {
   }
 
   std::vector<Field> workload_fields(WorkloadSection& w) {
-    return {{"requests", integer(&w.requests, 1, kIntMax)},
+    return {{"requests", integer(&w.requests, 1, kMaxWorkloadRequests)},
             {"prompt_len", length_range(&w.prompt_len)},
             {"output_len", length_range(&w.output_len)},
             {"shared_prefix", real(&w.shared_prefix, 0.0, false, 1.0, true)},
-            {"concurrency", integer(&w.concurrency, 1, kIntMax)},
+            {"concurrency", integer(&w.concurrency, 1, kMaxWorkloadConcurrency)},
             {"rate", real(&w.rate, 0.0, false, kInfinity, false)},
-            {"warmup", integer(&w.warmup, 0, kIntMax)},
+            {"warmup", integer(&w.warmup, 0, kMaxWorkloadRequests)},
             {"seed", unsigned_integer(&w.seed)}};
   }
 
@@ -699,8 +781,10 @@ class Validator {
 
   LengthRange read_length_file(const YAML::Node& n, const std::string& p) {
     const std::string file = n.Scalar();
-    std::ifstream in(file);
-    if (!in) fail(n, p, "cannot read the file of lengths '" + file + "'");
+    std::string text, error;
+    if (!read_bounded_file(file, kMaxJobFileBytes, "the file of lengths", &text, &error))
+      fail(n, p, file + ": " + error);
+    std::istringstream in(text);
     LengthRange r;
     r.file = file;
     std::string line;
@@ -1036,17 +1120,13 @@ std::vector<ConfigProblem> parse_collect(const std::string& yaml_text, const std
   return problems;
 }
 
-// Reads the file into `text`; a JobConfigError when it cannot.
+// Reads the file into `text`; a JobConfigError when it cannot (a FIFO, a device or more than
+// kMaxJobFileBytes included).
 std::string read_config_file(const std::string& path) {
-  std::error_code ignored;
-  std::ifstream in(path);
-  if (!in || std::filesystem::is_directory(path, ignored)) {
-    throw JobConfigError({whole_file_problem(path, 0, 0, "cannot open config file")});
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw JobConfigError({whole_file_problem(path, 0, 0, "cannot read config file")});
-  return text.str();
+  std::string text, error;
+  if (!read_bounded_file(path, kMaxJobFileBytes, "config file", &text, &error))
+    throw JobConfigError({whole_file_problem(path, 0, 0, error)});
+  return text;
 }
 
 // Adds the rank checks to problems already found: for `ranks` > 0, else for the cluster

@@ -5,8 +5,12 @@
 // problem found in a file or a --set override is collected, each naming the key path (e.g.
 // `cache.block_size`) and, for a file, its line and column. They are thrown together as a
 // JobConfigError, a std::invalid_argument whose what() is the first problem on one line.
-// Nothing here touches a model or a device: sizes that depend on the device (`auto`,
-// percentages) stay symbolic; checks that need the rank count run in check_job_for_ranks.
+// Every size the job asks for has an upper bound here (threads, batch, step tokens,
+// micro-batches, workload counts), and the job file and a file of lengths must be regular
+// files of at most 16 MiB (a FIFO or a device is refused before a byte is read), so nothing
+// is started or sized by an absurd value. Nothing here touches a model or a device: sizes
+// that depend on the device (`auto`, percentages) stay symbolic; checks that need the rank
+// count run in check_job_for_ranks, those that need the model or the machine in plan_job.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +50,7 @@ struct ParallelSection {
   std::vector<int> layers;          // empty = auto
   int micro_batches = 0;            // 0 = auto (number of stages)
   std::string backend = "auto";     // auto | mpi | nccl
+  double timeout_s = 300.0;         // silence (s) after which every rank stops; 0 = never
 };
 
 struct CacheSection {

@@ -1,15 +1,103 @@
 #include "launch/job_plan.h"
 
 #include "engine/model_weights.h"
+#include "launch/model_text.h"
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <iomanip>
 #include <limits>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 namespace kvpipe {
+namespace {
+
+std::string gib(double bytes) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(bytes < 1e9 ? 3 : 1) << bytes / double(1LL << 30) << " GiB";
+  return s.str();
+}
+
+// Where the job file sets `key`, else the file itself.
+std::string where_of(const JobConfig& job, const std::string& key) {
+  const auto it = job.where.find(key);
+  return it == job.where.end() ? job.source : it->second;
+}
+
+// "WHERE: KEY" for a message about `key`, without repeating the key when WHERE is `--set KEY`.
+std::string at_key(const JobConfig& job, const std::string& key) {
+  const std::string where = where_of(job, key);
+  return where == "--set " + key ? where : where + ": " + key;
+}
+
+// The model file and its key for a field of ModelConfig, as a message names them:
+// `models/x/config.json: max_position_embeddings`, `m.gguf: context_length`.
+std::string model_key(const JobConfig& job, const std::string& hf_key, const std::string& gguf_key) {
+  const std::string& path = job.model.path;
+  if (path.rfind("dummy:", 0) == 0) return path + ": " + hf_key;
+  const std::string gguf = ".gguf";
+  if (path.size() > gguf.size() && path.compare(path.size() - gguf.size(), gguf.size(), gguf) == 0)
+    return path + ": " + gguf_key + " (" + hf_key + ")";
+  return path + "/config.json: " + hf_key;
+}
+
+// runtime.memory as messages name it.
+std::string memory_limit_text(const JobConfig& job, int64_t limit) {
+  if (job.runtime.memory_bytes) return "runtime.memory (" + gib(double(limit)) + ")";
+  if (job.runtime.memory_share)
+    return "runtime.memory (" + gib(double(limit)) + ", a share of this machine's " +
+           gib(double(host_memory_bytes())) + ")";
+  return "this machine's " + gib(double(limit)) + " of memory (runtime.memory: auto)";
+}
+
+// Bytes a rank needs beside its weights and its KV pool, estimated from the model's shape and
+// the job's step limits. Estimates in double: absurd shapes must give a large number, not an
+// overflowed one.
+struct RankOverhead {
+  double rope = 0;         // RoPE cos/sin tables while they are built (in double) and kept
+  double activations = 0;  // one maximal step through one layer, attention scores included
+  double logits = 0;       // the last stage's logits of one step
+
+  double total(bool last) const { return rope + activations + (last ? logits : 0); }
+};
+
+// Queries per attention block of a long prompt (engine/layers.cpp kQueryBlock).
+constexpr double kQueryBlock = 256;
+
+RankOverhead rank_overhead(const JobConfig& job, const ModelConfig& m) {
+  RankOverhead o;
+  const double positions = double(m.max_position), head_dim = double(m.head_dim);
+  // Positions (8), frequencies (4 x hd), their concatenation (8 x hd), cos and sin in double
+  // (16 x hd), then in float (8 x hd): bytes per position at the peak of make_rope_tables.
+  o.rope = positions * (8 + 36 * head_dim);
+  const double tokens = double(job.scheduler.max_tokens_per_step);
+  const double hidden = double(m.hidden_size), q = double(m.num_heads) * head_dim,
+               kv = double(m.num_kv_heads) * head_dim, ff = double(m.intermediate_size);
+  // float32 values, twice: an operation's inputs and outputs live together.
+  o.activations = 2 * 4 * tokens * (4 * hidden + 2 * q + 2 * kv + 3 * ff) +
+                  2 * 4 * double(m.num_heads) * std::min(tokens, kQueryBlock) * positions;
+  o.logits = 2 * 4 * double(job.scheduler.max_batch) * double(m.vocab_size);
+  return o;
+}
+
+// Rank 0's block accounting (free list, reference counts, cache flags and index), per block.
+constexpr double kBookkeepingBytesPerBlock = 16;
+
+// Blocks the scheduler holds for a sequence of `tokens` tokens (Scheduler::max_blocks_held).
+int64_t blocks_held(const JobConfig& job, const JobPlan& plan, int64_t tokens) {
+  const int64_t bs = plan.block_size;
+  const int64_t all = (tokens + bs - 1) / bs;
+  if (job.cache.window_recent <= 0) return all;
+  const int64_t chunk = std::min<int64_t>({job.scheduler.max_tokens_per_step, job.cache.window_recent, tokens});
+  const int64_t windowed = (job.cache.window_sinks + bs - 1) / bs + (job.cache.window_recent + chunk + bs - 1) / bs + 2;
+  return std::min(all, windowed);
+}
+
+}  // namespace
 
 int64_t host_memory_bytes() {
   return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGE_SIZE));
@@ -34,10 +122,54 @@ ModelConfig load_job_model_config(const JobConfig& job) {
 
 JobPlan plan_job(const JobConfig& job, int world_size) {
   JobPlan plan;
+  auto where = [&](const std::string& key) { return where_of(job, key); };
+  // A thread pool of 100000 threads starts them one by one for minutes; more threads than
+  // a few per core only slow a rank down.
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (cores > 0 && job.runtime.threads > 4 * static_cast<int64_t>(cores))
+    throw std::invalid_argument(at_key(job, "runtime.threads") + ": " +
+                                std::to_string(job.runtime.threads) + " threads per rank is more than 4 x the " +
+                                std::to_string(cores) + " CPUs of this machine (at most " +
+                                std::to_string(4 * cores) + ")");
   plan.model = load_job_model_config(job);
   plan.dtype = parse_dtype(job.model.dtype, job.source + ": model.dtype");
   plan.block_size = job.cache.block_size;
   const ModelConfig& m = plan.model;
+
+  // What every rank needs beside its weights and KV pool, checked before the weights' index
+  // is read or anything is sized by the model's shape.
+  const int64_t memory_limit = runtime_memory_bytes(job);
+  const std::string limit_text = memory_limit_text(job, memory_limit);
+  const RankOverhead overhead = rank_overhead(job, m);
+  if (overhead.rope > double(memory_limit))
+    throw std::invalid_argument(at_key(job, "model.path") + ": " +
+                                model_key(job, "max_position_embeddings", "context_length") + ": " +
+                                std::to_string(m.max_position) + " positions need " + gib(overhead.rope) +
+                                " for the RoPE tables of each rank, more than " + limit_text);
+  if (overhead.total(world_size == 1) > double(memory_limit))
+    throw std::invalid_argument(at_key(job, "scheduler.max_tokens_per_step") +
+                                ": a step of " +
+                                std::to_string(job.scheduler.max_tokens_per_step) + " tokens (with max_batch " +
+                                std::to_string(job.scheduler.max_batch) + ") needs about " +
+                                gib(overhead.total(world_size == 1)) + " of activations per rank, more than " +
+                                limit_text);
+  {
+    // The weights at their smallest (4-bit blocks): a model far larger than every rank's
+    // memory together is refused before its tensor index is read.
+    const double params = double(m.num_layers) *
+                              (double(m.hidden_size) * double(m.num_heads + 2 * m.num_kv_heads) * double(m.head_dim) +
+                               double(m.num_heads) * double(m.head_dim) * double(m.hidden_size) +
+                               3 * double(m.hidden_size) * double(m.intermediate_size)) +
+                          double(m.vocab_size) * double(m.hidden_size);
+    const double least_bytes = params / 2;
+    const double room = double(world_size) * (double(memory_limit) - overhead.total(false));
+    if (least_bytes > room)
+      throw std::invalid_argument(at_key(job, "model.path") + ": " +
+                                  model_key(job, "num_hidden_layers", "block_count") + ": " +
+                                  std::to_string(m.num_layers) + " layers of " + std::to_string(m.hidden_size) +
+                                  " hidden units take at least " + gib(least_bytes) + " of weights, more than " +
+                                  std::to_string(world_size) + " rank(s) of " + limit_text + " hold");
+  }
 
   StageCost cost;
   // What the weights take as stored (quantised files: their blocks), read from the file's index.
@@ -49,10 +181,6 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
                                                            : plan.dtype == at::kBFloat16 ? "bfloat16"
                                                                                          : "float32")
                                                         : job.cache.dtype;
-  auto where = [&](const std::string& key) {
-    const auto it = job.where.find(key);
-    return it == job.where.end() ? job.source : it->second;
-  };
   plan.kv_dtype = parse_kv_dtype(kv_name, where("cache.dtype") + ": cache.dtype");
   if (plan.kv_dtype == KvDtype::kQ8_0 && m.head_dim % 32 != 0)
     throw std::invalid_argument(where("cache.dtype") + ": cache.dtype: q8_0 needs a head dimension that is a "
@@ -70,6 +198,10 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
     throw std::invalid_argument(where("cache.window.recent") + ": cache.window.recent: " +
                                 std::to_string(job.cache.window_recent) + " is larger than the model's context of " +
                                 std::to_string(m.max_position) + " tokens");
+  if (job.cache.window_sinks > m.max_position)
+    throw std::invalid_argument(at_key(job, "cache.window.sinks") + ": " +
+                                std::to_string(job.cache.window_sinks) + " is larger than the model's context of " +
+                                std::to_string(m.max_position) + " tokens");
 
   throw_if_problems(check_job_for_ranks(job, world_size));
   std::vector<RankBudget> budgets(world_size);
@@ -80,9 +212,10 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
       case MemorySpec::Kind::kBytes: b.kv_bytes = mem.bytes; break;
       case MemorySpec::Kind::kPerRank: b.kv_bytes = mem.per_rank[r]; break;
       case MemorySpec::Kind::kShare:
+        // The share is of what is left after the weights and a step's working memory.
         b.share_of_memory = true;
         b.share = mem.share;
-        b.memory_bytes = runtime_memory_bytes(job);
+        b.memory_bytes = static_cast<int64_t>(double(memory_limit) - overhead.total(r + 1 == world_size));
         break;
     }
   }
@@ -95,11 +228,19 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
     const auto it = job.where.find(key);
     throw std::invalid_argument((it == job.where.end() ? job.source : it->second) + ": " + message);
   }
+  // Block ids are 32-bit; rank 0 keeps a few bytes of accounting per block.
+  constexpr int64_t kMaxBlocks = std::numeric_limits<int32_t>::max();
   if (plan.partition.num_blocks == std::numeric_limits<int64_t>::max()) {
     // No rank keeps K/V: blocks are only the scheduler's accounting, enough for every
     // sequence that can run at once to reach the full context.
-    plan.partition.num_blocks = (m.max_position + plan.block_size - 1) / plan.block_size *
-                                job.scheduler.max_batch * std::max(world_size, job.parallel.micro_batches);
+    const double blocks = double((m.max_position + plan.block_size - 1) / plan.block_size) *
+                          double(job.scheduler.max_batch) * double(std::max(world_size, job.parallel.micro_batches));
+    plan.partition.num_blocks = static_cast<int64_t>(std::min(blocks, double(kMaxBlocks)));
+  } else if (plan.partition.num_blocks > kMaxBlocks) {
+    throw std::invalid_argument(at_key(job, "cache.memory") + ": holds " +
+                                std::to_string(plan.partition.num_blocks) + " KV blocks of " +
+                                std::to_string(job.cache.block_size) + " tokens, more than the " +
+                                std::to_string(kMaxBlocks) + " a pool can address (raise cache.block_size)");
   }
   if (plan.partition.num_blocks < 1)
     throw std::invalid_argument((job.where.count("cache.memory") ? job.where.at("cache.memory") : job.source) +
@@ -107,7 +248,68 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
                                 std::to_string(job.cache.block_size) + " tokens (one block takes " +
                                 std::to_string(cost.kv_bytes_per_block_layer * plan.partition.stages[0].num_layers) +
                                 " bytes on rank 0)");
+  // Everything a rank allocates, against what it has: a fixed cache.memory is not bounded by
+  // runtime.memory otherwise.
+  for (size_t r = 0; r < plan.partition.stages.size(); ++r) {
+    const StagePlan& s = plan.partition.stages[r];
+    const double kv = double(plan.partition.num_blocks) * double(s.cached_layers) * double(cost.kv_bytes_per_block_layer);
+    const double other = overhead.total(r + 1 == plan.partition.stages.size()) +
+                         (r == 0 ? kBookkeepingBytesPerBlock * double(plan.partition.num_blocks) : 0.0);
+    const double need = double(s.weight_bytes) + kv + other;
+    if (need > double(memory_limit))
+      throw std::invalid_argument(
+          at_key(job, "cache.memory") + ": rank " + std::to_string(r) + " would need " + gib(need) +
+          " (weights " + gib(double(s.weight_bytes)) + ", KV cache " + gib(kv) +
+          ", RoPE tables, activations and accounting " + gib(other) + "), more than " + limit_text +
+          ": lower cache.memory (or scheduler.max_tokens_per_step), or raise runtime.memory");
+  }
   return plan;
+}
+
+void check_request(const JobConfig& job, const JobPlan& plan, const std::vector<int64_t>& prompt,
+                   int64_t max_new_tokens, const std::string& who) {
+  const ModelConfig& m = plan.model;
+  if (prompt.empty()) throw std::invalid_argument(who + ": empty prompt");
+  for (const int64_t id : prompt)
+    if (id < 0 || id >= m.vocab_size)
+      throw std::invalid_argument(who + ": token id " + std::to_string(id) + " is outside the vocabulary (0.." +
+                                  std::to_string(m.vocab_size - 1) + ")");
+  if (max_new_tokens < 1) throw std::invalid_argument(who + ": max_new_tokens must be at least 1");
+  const int64_t length = static_cast<int64_t>(prompt.size());
+  if (length >= m.max_position)
+    throw std::invalid_argument(who + ": prompt of " + std::to_string(length) +
+                                " tokens does not fit the model's context of " + std::to_string(m.max_position) +
+                                " tokens");
+  // The last sampled token is never fed back, so a finished sequence holds one token less
+  // than it outputs.
+  const int64_t longest = std::min(length + max_new_tokens - 1, m.max_position);
+  const int64_t need = blocks_held(job, plan, longest);
+  if (need > plan.partition.num_blocks)
+    throw std::invalid_argument(who + ": needs " + std::to_string(need) + " KV blocks of " +
+                                std::to_string(plan.block_size) + " tokens but the pool has " +
+                                std::to_string(plan.partition.num_blocks) +
+                                " (raise cache.memory or lower max_new_tokens)");
+}
+
+std::string request_who(const JobConfig& job, size_t index) {
+  const RequestSpec& spec = job.requests.at(index);
+  const std::string path = "requests[" + std::to_string(index) + "]";
+  const std::string field = spec.prompt ? ".prompt" : !spec.messages.empty() ? ".messages" : ".prompt_ids";
+  return where_of(job, path + field) + ": " + path;
+}
+
+void check_job_requests(const JobConfig& job, const JobPlan& plan) {
+  std::unique_ptr<ModelText> text;  // loaded only for requests given as text or messages
+  for (size_t i = 0; i < job.requests.size(); ++i) {
+    const RequestSpec& spec = job.requests[i];
+    const std::string who = request_who(job, i);
+    std::vector<int64_t> ids = spec.prompt_ids;
+    if (spec.prompt || !spec.messages.empty()) {
+      if (!text) text = std::make_unique<ModelText>(job.model.path);
+      ids = text->prompt_ids(spec, who);
+    }
+    check_request(job, plan, ids, spec.max_new_tokens, who);
+  }
 }
 
 namespace {

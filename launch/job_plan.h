@@ -3,7 +3,10 @@
 // Joins the job config, the model's shape and the world size into the partitioner's inputs
 // (per-rank memory budgets, per-stage weight bytes) and returns the split and the common
 // block count. Shared by `generate` (which then loads exactly that) and `validate` (which
-// only prints it).
+// only prints it). Guarantees that what a rank will allocate (weights, KV pool, RoPE tables,
+// an estimate of one maximal step's activations) fits runtime.memory (the machine's memory
+// when auto) and that runtime.threads fits the machine, refusing with std::invalid_argument
+// naming the key before anything is allocated; check_request refuses what the engine would.
 #pragma once
 
 #include "cache/block_pool.h"
@@ -14,7 +17,10 @@
 
 #include <ATen/core/ScalarType.h>
 
+#include <cstdint>
 #include <ostream>
+#include <string>
+#include <vector>
 
 namespace kvpipe {
 
@@ -43,5 +49,20 @@ int64_t host_memory_bytes();
 
 // runtime.memory in bytes: the size given, or `auto` / a share of the machine's memory.
 int64_t runtime_memory_bytes(const JobConfig& job);
+
+// What generate's engine refuses of one request, checked before anything is loaded: an empty
+// prompt, a token outside the vocabulary, a prompt that fills the model's context, a request
+// whose longest sequence needs more KV blocks than the pool has. Messages start with `who`
+// (`job.yaml:12:5: requests[3]`, `--prompt-ids`) and read as the engine's do after it.
+// Throws std::invalid_argument.
+void check_request(const JobConfig& job, const JobPlan& plan, const std::vector<int64_t>& prompt,
+                   int64_t max_new_tokens, const std::string& who);
+
+// How messages name request `index` of the job file: `job.yaml:12:5: requests[3]`.
+std::string request_who(const JobConfig& job, size_t index);
+
+// check_request for every request of the job file; text prompts and chat messages are
+// tokenised as generate tokenises them (the model's tokenizer is loaded only for those).
+void check_job_requests(const JobConfig& job, const JobPlan& plan);
 
 }  // namespace kvpipe

@@ -1,6 +1,7 @@
 #include "parallel/partitioner.h"
 
 #include <algorithm>
+#include <deque>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -9,6 +10,8 @@ namespace kvpipe {
 namespace {
 
 constexpr int64_t kUnlimited = std::numeric_limits<int64_t>::max();
+// The plan keeps a table of (ranks + 1) x (layers + 1) entries.
+constexpr int64_t kMaxLayers = int64_t{1} << 20;
 
 int64_t weight_bytes_of(const StageCost& c, size_t rank, size_t ranks, int64_t layers) {
   int64_t w = layers * c.layer_weight_bytes;
@@ -52,18 +55,40 @@ PartitionPlan plan_for(const std::vector<int64_t>& split, const StageCost& cost,
 
 // Ranks 0..R-1 take contiguous ranges covering all layers, each range's size within
 // [min_size, max_size] and each rank holding at least `blocks`: one such split, or empty.
+// A rank's blocks only shrink as its range grows (more weights, more cached layers), so the
+// ends a start `a` can reach form one interval, found by bisection; each end takes the
+// smallest start that reaches it. O(ranks x layers x log(layers)): a model of thousands of
+// layers plans in well under a second.
 std::vector<int64_t> find_split(int64_t layers, const StageCost& cost, const std::vector<RankBudget>& budgets,
                                 int64_t blocks, int64_t min_size, int64_t max_size) {
   const size_t ranks = budgets.size();
-  // reach[r][l]: ranks 0..r-1 can cover layers [0, l); from[r][l] the start of rank r-1.
+  // from[r][l] >= 0: ranks 0..r-1 can cover layers [0, l), rank r-1 starting at from[r][l].
   std::vector<std::vector<int64_t>> from(ranks + 1, std::vector<int64_t>(layers + 1, -1));
   from[0][0] = 0;
-  for (size_t r = 0; r < ranks; ++r)
+  std::vector<int64_t> last_end(layers + 1);
+  std::deque<int64_t> starts;
+  for (size_t r = 0; r < ranks; ++r) {
+    // last_end[a]: the farthest end rank r reaches from a reachable start a (< a + min_size: none).
     for (int64_t a = 0; a <= layers; ++a) {
-      if (from[r][a] < 0) continue;
-      for (int64_t b = a + min_size; b <= std::min(layers, a + max_size); ++b)
-        if (from[r + 1][b] < 0 && range_blocks(cost, budgets, r, a, b) >= blocks) from[r + 1][b] = a;
+      last_end[a] = -1;
+      if (from[r][a] < 0 || a + min_size > layers) continue;
+      int64_t lo = a + min_size - 1, hi = std::min(layers, a + max_size);
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo + 1) / 2;
+        if (range_blocks(cost, budgets, r, a, mid) >= blocks) lo = mid;
+        else hi = mid - 1;
+      }
+      last_end[a] = lo;
     }
+    starts.clear();
+    int64_t next_start = 0;
+    for (int64_t b = 0; b <= layers; ++b) {
+      for (; next_start + min_size <= b; ++next_start)
+        if (last_end[next_start] >= next_start + min_size) starts.push_back(next_start);
+      while (!starts.empty() && last_end[starts.front()] < b) starts.pop_front();
+      if (!starts.empty()) from[r + 1][b] = starts.front();
+    }
+  }
   if (from[ranks][layers] < 0) return {};
   std::vector<int64_t> split(ranks);
   int64_t end = layers;
@@ -92,6 +117,10 @@ PartitionPlan partition_layers(int64_t num_layers, const StageCost& cost,
                                const std::vector<int>& pinned) {
   const int64_t ranks = static_cast<int64_t>(budgets.size());
   if (ranks < 1) throw std::invalid_argument("partitioner: no ranks");
+  if (num_layers > kMaxLayers)
+    throw std::invalid_argument("parallel: the model's " + std::to_string(num_layers) +
+                                " layers are more than the " + std::to_string(kMaxLayers) +
+                                " a pipeline can be planned for");
   if (ranks > num_layers)
     throw std::invalid_argument("parallel: " + std::to_string(ranks) + " ranks but the model has only " +
                                 std::to_string(num_layers) + " layers");
@@ -131,10 +160,26 @@ PartitionPlan partition_layers(int64_t num_layers, const StageCost& cost,
       (feasible(mid) ? lo : hi) = mid;
     }
     // Among the best splits, the most even one: the smallest spread between the largest and
-    // the smallest stage.
-    for (int64_t spread = 0; spread < num_layers && split.empty(); ++spread)
-      for (int64_t min_size = num_layers / ranks; min_size >= 1 && split.empty(); --min_size)
-        split = find_split(num_layers, cost, budgets, lo, min_size, min_size + spread);
+    // the smallest stage; of those, the largest smallest stage. For a smallest stage m the
+    // least largest stage is found by bisection (a larger one only allows more splits);
+    // sizes in [m, m + spread] cover the layers only when ranks x (m + spread) reaches them,
+    // which ends the scan once no smaller m can do better.
+    const int64_t even = (num_layers + ranks - 1) / ranks;
+    int64_t best_min = 0, best_spread = -1;
+    for (int64_t m = num_layers / ranks; m >= 1; --m) {
+      if (best_spread == 0 || (best_spread > 0 && even - m >= best_spread)) break;
+      int64_t top = best_spread < 0 ? num_layers : std::min(num_layers, m + best_spread - 1);
+      if (top < m || find_split(num_layers, cost, budgets, lo, m, top).empty()) continue;
+      int64_t bottom = m;
+      while (bottom < top) {
+        const int64_t mid = bottom + (top - bottom) / 2;
+        if (find_split(num_layers, cost, budgets, lo, m, mid).empty()) bottom = mid + 1;
+        else top = mid;
+      }
+      best_min = m;
+      best_spread = top - m;
+    }
+    if (best_spread >= 0) split = find_split(num_layers, cost, budgets, lo, best_min, best_min + best_spread);
   }
   PartitionPlan plan = plan_for(split, cost, budgets);
   for (size_t r = 0; r < plan.stages.size(); ++r)

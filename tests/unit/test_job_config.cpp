@@ -200,6 +200,20 @@ TEST(JobConfigParse, MissingFile) {
   EXPECT_EQ(message, "/nonexistent/job.yaml: cannot open config file");
 }
 
+TEST(JobConfigParse, OnlyRegularFilesOfBoundedSizeAreRead) {
+  // A device never ends and a FIFO blocks its reader: both are refused before a byte is read.
+  EXPECT_EQ(error_of([] { load_job_config("/dev/zero"); }).rfind("/dev/zero: cannot read config file: not a regular file", 0), 0u);
+  EXPECT_NE(error_of([] { load_job_config("/tmp"); }).find("/tmp: cannot open config file: it is a directory"),
+            std::string::npos);
+  const std::string path = ::testing::TempDir() + "job_config_test_huge.yaml";
+  {
+    std::ofstream out(path);
+    out << "model: {path: dummy:tiny}\n" << std::string((16 << 20) + 1, '#') << "\n";
+  }
+  EXPECT_EQ(error_of([&] { load_job_config(path); }), path + ": larger than 16 MiB (a job's files are read whole)");
+  std::remove(path.c_str());
+}
+
 TEST(JobConfigSize, Units) {
   EXPECT_EQ(parse_size("4096", "x"), 4096);
   EXPECT_EQ(parse_size("0", "x"), 0);

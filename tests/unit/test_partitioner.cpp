@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -424,6 +425,30 @@ TEST(PartitionerErrors, ranks_that_together_cannot_hold_the_model_are_rejected) 
   const std::vector<RankBudget> budgets = {share_budget(150 * kMiB), share_budget(250 * kMiB)};
   ASSERT_FALSE(brute_force(6, c, budgets).feasible);
   EXPECT_THROW(partition_layers(6, c, budgets, {}), std::invalid_argument);
+}
+
+// The largest models the loader accepts (4096 layers) plan in well under a second: the search
+// is not quadratic in the layer count, and the split is still the most even of the best.
+TEST(PartitionerScale, thousands_of_layers_plan_quickly) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const StageCost c = make_cost(10 * kMiB, 100 * kMiB, 100 * kMiB, 64 * kKiB);
+  const std::vector<RankBudget> budgets = {share_budget(64 * kGiB), share_budget(64 * kGiB), share_budget(64 * kGiB),
+                                           share_budget(64 * kGiB)};
+  const PartitionPlan plan = partition_layers(4096, c, budgets, {});
+  expect_consistent_plan(plan, 4096, c, budgets);
+  EXPECT_LE(spread(layers_of(plan)), 1);
+  const std::vector<RankBudget> uneven = {fixed_budget(8 * kGiB), fixed_budget(2 * kGiB), fixed_budget(4 * kGiB)};
+  const PartitionPlan lopsided = partition_layers(4000, c, uneven, {});
+  expect_consistent_plan(lopsided, 4000, c, uneven);
+  EXPECT_GT(lopsided.stages[0].num_layers, lopsided.stages[1].num_layers);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+}
+
+TEST(PartitionerScale, absurd_layer_counts_are_refused_by_name) {
+  const StageCost c = make_cost(kMiB, 0, 0, kKiB);
+  const std::string msg =
+      invalid_argument_message([&] { partition_layers(int64_t{1} << 40, c, {fixed_budget(kGiB)}, {}); });
+  EXPECT_NE(msg.find("layers"), std::string::npos) << msg;
 }
 
 }  // namespace
