@@ -115,6 +115,11 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
       size_t row = 0;
       for (const SeqStep& s : f.batch.seqs) {
         if (!s.sample) continue;
+        // A failed row is no token: the request ends with its error (on_finished, results()).
+        if (out.tokens[row] == kNonFiniteToken) {
+          ++row;
+          continue;
+        }
         TokenEvent ev;
         ev.request_id = s.request_id;
         ev.index = s.output_index;
@@ -154,6 +159,7 @@ std::vector<RequestResult> Engine::results() const {
     r.prompt_ids = s->request.prompt;
     r.output_ids.assign(s->tokens.begin() + s->request.prompt.size(), s->tokens.end());
     r.finish_reason = s->finish_reason;
+    r.error = s->error;
     using ms = std::chrono::duration<double, std::milli>;
     if (!r.output_ids.empty()) {
       r.ttft_ms = ms(s->first_token_time - s->arrival_time).count();

@@ -72,7 +72,8 @@ struct RequestResult {
   int64_t id = 0;
   std::vector<int64_t> prompt_ids;
   std::vector<int64_t> output_ids;
-  std::string finish_reason;
+  std::string finish_reason;         // "length", "stop", "abort", or "error" (see error)
+  std::string error;                 // why the request failed, when finish_reason is "error"
   double ttft_ms = 0.0;
   double tpot_ms = 0.0;
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -58,8 +59,24 @@ Candidates sampling_candidates(const float* logits, int64_t vocab, const Samplin
   return c;
 }
 
+bool logits_usable(const float* logits, int64_t vocab) {
+  // On the bits, so that the loop vectorises (float compares with NaN would not reduce):
+  // NaN and +inf are the magnitudes at or above +inf's pattern (sign clear, or NaN of either
+  // sign); -inf is 0xff800000 and counts only when every entry is -inf.
+  constexpr uint32_t kPosInf = 0x7f800000u, kNegInf = 0xff800000u;
+  uint32_t bad = 0, all_neg_inf = 1;
+  for (int64_t i = 0; i < vocab; ++i) {
+    uint32_t b;
+    std::memcpy(&b, logits + i, sizeof(b));
+    bad |= static_cast<uint32_t>(b != kNegInf && (b & 0x7fffffffu) >= kPosInf);
+    all_neg_inf &= static_cast<uint32_t>(b == kNegInf);
+  }
+  return vocab > 0 && bad == 0 && all_neg_inf == 0;
+}
+
 int64_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p,
                      int64_t request_id, int64_t output_index) {
+  if (!logits_usable(logits, vocab)) return kNonFiniteToken;
   const Candidates c = sampling_candidates(logits, vocab, p);
   if (c.tokens.size() == 1) return c.tokens[0];
   const uint64_t seed =

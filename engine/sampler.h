@@ -25,6 +25,12 @@ struct Candidates {
 };
 Candidates sampling_candidates(const float* logits, int64_t vocab, const SamplingParams& params);
 
+// False when the row holds a NaN or +inf, or nothing above -inf: no token can be drawn from
+// it (-inf alone is a masked token, not a fault). Costs one pass of integer compares.
+bool logits_usable(const float* logits, int64_t vocab);
+
+// The token drawn from `logits`, or kNonFiniteToken when !logits_usable(logits, vocab): a
+// NaN from broken weights must fail the request, never pass for token 0.
 int64_t sample_token(const float* logits, int64_t vocab, const SamplingParams& params,
                      int64_t request_id, int64_t output_index);
 

@@ -257,6 +257,14 @@ void Scheduler::update(const StepBatch& computed, const std::vector<Sequence*>& 
       continue;
     }
     const int64_t token = output.tokens.at(sampled++);
+    if (token == kNonFiniteToken) {
+      s.finish_reason = "error";
+      s.error = "non-finite logits at step " + std::to_string(st.output_index);
+      ++finished_;
+      release(s);
+      running_.erase(std::find(running_.begin(), running_.end(), &s));
+      continue;
+    }
     s.tokens.push_back(token);
     if (s.num_output() == 1) s.first_token_time = now;
     s.last_token_time = now;

@@ -51,6 +51,7 @@ struct Sequence {
   int64_t hashed_blocks = 0;        // leading full blocks offered to the prefix cache
   uint64_t last_hash = 0;           // chain hash of block hashed_blocks - 1
   std::string finish_reason;        // empty while running
+  std::string error;                // why, when finish_reason is "error"
   std::string finish_requested;     // finish() asked while in flight: applied on its return
   int64_t preemptions = 0;
   int64_t cached_tokens = 0;        // prompt tokens found in the prefix cache when first admitted
@@ -101,7 +102,8 @@ class Scheduler {
   StepBatch schedule(int64_t step, std::vector<Sequence*>& sequences, int64_t micro_batches = 1);
 
   // Appends the sampled tokens of a micro-batch that came back, finishing and freeing
-  // sequences as they end. `computed` is the batch that ran.
+  // sequences as they end. `computed` is the batch that ran. A kNonFiniteToken ends its
+  // request with finish_reason "error" and no token appended.
   void update(const StepBatch& computed, const std::vector<Sequence*>& sequences,
               const StepOutput& output, const std::vector<int64_t>& eos_ids);
 

@@ -64,10 +64,15 @@ StepContext make_step_context(const StepBatch& batch, int64_t block_size);
 std::vector<int64_t> encode_step_header(const StepBatch& batch, int64_t micro_batch);
 StepBatch decode_step_header(const std::vector<int64_t>& words, int64_t* micro_batch);
 
+// A sampled "token" that says the row's logits were not finite (NaN or +inf): the request
+// fails instead of taking a token. Token ids are never negative, so it travels back from the
+// last stage in the same int64 words as a token.
+constexpr int64_t kNonFiniteToken = -1;
+
 struct StepOutput {
   int64_t micro_batch = 0;
   std::vector<int64_t> request_ids;  // one per sampled sequence, in batch order
-  std::vector<int64_t> tokens;
+  std::vector<int64_t> tokens;       // kNonFiniteToken where the row could not be sampled
   at::Tensor logits;                 // float32 [S, vocab] when asked for
 };
 

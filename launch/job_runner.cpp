@@ -10,6 +10,7 @@
 #include "launch/device_plan.h"
 #include "launch/log.h"
 #include "parallel/communicator.h"
+#include "parallel/watchdog.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -90,6 +91,13 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
   std::unique_ptr<Communicator> comm;
   if (world.size() > 1) comm = make_communicator(job.parallel.backend, world);
   else if (job.parallel.backend == "nccl") make_nccl_communicator(world);
+  // From here on every rank is expected to hear from its peers: a rank that goes silent (stopped,
+  // or frozen whole) ends the job instead of leaving the others blocked on it forever. Started
+  // before the weights load, since a rank can stop there as well as in a step.
+  Watchdog watchdog(world, job.parallel.timeout_s);
+  if (watchdog.active())
+    log_printf(LogLevel::kDebug, "watchdog: heartbeat every %.2f s, a rank silent for %g s stops the job",
+               Watchdog::period_s(job.parallel.timeout_s), job.parallel.timeout_s);
   if (world.is_coordinator() && log_enabled(LogLevel::kInfo)) {
     std::ostringstream lines;
     print_plan(lines, plan);
@@ -136,6 +144,9 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
   channel.set_trace(nullptr);
   outcome.times = channel.gather_times();
   if (trace) outcome.traces = trace->gather(world);
+  // Every rank gets here once the job is over; the goodbye exchange keeps a rank that
+  // finished first from being called silent by one that has not.
+  watchdog.stop();
   return outcome;
 }
 

@@ -6,6 +6,8 @@
 // pipeline) while every other rank serves its stage until rank 0 shuts the pipeline down.
 // Afterwards every rank's busy/wait/comm times, and the trace when one is recorded, are
 // gathered on rank 0.
+// On more than one rank a watchdog (parallel/watchdog.h, parallel.timeout) runs from the
+// communicator's creation to the end of the job, so a rank that goes silent ends the job.
 #pragma once
 
 #include "engine/engine.h"

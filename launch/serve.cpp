@@ -114,6 +114,10 @@ class ServeLoop : public RequestSource {
     e.index = live.index;
     if (live.text) e.text = live.text->finish();
     e.finish_reason = s.finish_reason;
+    // The client sees finish_reason "error" on the choice (what it got so far stays valid);
+    // the why goes to the server's log, since it is no fault of the request.
+    if (s.finish_reason == "error")
+      log_printf(LogLevel::kError, "request %lld failed: %s", static_cast<long long>(s.request.id), s.error.c_str());
     e.prompt_tokens = static_cast<int64_t>(s.request.prompt.size());
     e.cached_tokens = s.cached_tokens;
     const Clock::time_point now = Clock::now();

@@ -114,7 +114,7 @@ std::string ServeMetrics::render() const {
   counter("kvpipe:prompt_tokens_total", "Prompt tokens of the requests admitted.", prompt_tokens_);
   counter("kvpipe:generation_tokens_total", "Tokens generated.", generation_tokens_);
   header(out, "kvpipe:request_success_total", "counter", "Requests finished, by finish reason.");
-  for (const char* reason : {"stop", "length", "abort"}) {
+  for (const char* reason : {"stop", "length", "abort", "error"}) {
     const auto it = finished_.find(reason);
     out += "kvpipe:request_success_total{" + labels + ",finished_reason=\"" + reason + "\"} " +
            std::to_string(it == finished_.end() ? 0 : it->second) + "\n";
