@@ -43,7 +43,7 @@ median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a
 ttft_after_first() {  # median ttft of requests 1.. over the runs
   for _ in $(seq 1 "$runs"); do
     "$kvpipe" generate --config "$tmp/prefix.yaml" "$@" 2>/dev/null |
-      tail -n +2 | grep -oE '"ttft_ms":[0-9.]+' | cut -d: -f2 | median
+      grep -v '^{"id":0,' | grep -oE '"ttft_ms":[0-9.]+' | cut -d: -f2 | median
   done | median
 }
 on=$(ttft_after_first --set cache.prefix_reuse=true)

@@ -8,6 +8,7 @@
 #include "launch/job_runner.h"
 #include "launch/log.h"
 #include "launch/op_profiler.h"
+#include "launch/output.h"
 #include "launch/signals.h"
 #include "launch/workload.h"
 #include "parallel/communicator.h"
@@ -123,7 +124,13 @@ void run_benchmark(CoordinatorContext& c, TraceRecorder& trace, const BenchOptio
   progress.finish();
   if (profiler) {
     profiler->stop();
-    m.top_ops = top_operators(profiler->path(), 12);
+    // LibTorch writes the profile without reporting a failed write: reading it back is the check.
+    try {
+      m.top_ops = top_operators(profiler->path(), 12);
+    } catch (const std::exception& e) {
+      std::string why = e.what();
+      throw JobFailure("cannot write the operator profile to " + profiler->path() + ": " + why.substr(0, why.find('\n')));
+    }
   }
   m.stopped = stop_requested();
   if (m.stopped)
@@ -312,17 +319,17 @@ ordered_json make_report(const ReportInputs& in) {
 }
 
 void write_csv(const std::string& path, const std::vector<RequestRow>& rows) {
-  std::ofstream out(path);
-  if (!out) throw std::invalid_argument("--out: cannot write " + path);
-  out << "id,arrival_ms,prompt_tokens,output_tokens,ttft_ms,tpot_ms,e2e_ms,itl_max_ms,preemptions,finish_reason\n";
+  std::string out;
+  out += "id,arrival_ms,prompt_tokens,output_tokens,ttft_ms,tpot_ms,e2e_ms,itl_max_ms,preemptions,finish_reason\n";
   char line[512];
   for (const RequestRow& r : rows) {
     std::snprintf(line, sizeof(line), "%lld,%.3f,%lld,%lld,%.3f,%.3f,%.3f,%.3f,%lld,%s\n",
                   static_cast<long long>(r.id), r.arrival_ms, static_cast<long long>(r.prompt_tokens),
                   static_cast<long long>(r.output_tokens), r.ttft_ms, r.tpot_ms, r.e2e_ms, r.itl_max_ms,
                   static_cast<long long>(r.preemptions), r.finish_reason.c_str());
-    out << line;
+    out += line;
   }
+  write_text_file(path, out, "--out", "the request table");
 }
 
 // The one-screen summary on stdout.
@@ -459,7 +466,7 @@ void bench(const BenchOptions& o, World& world) {
   write_csv((dir / "requests.csv").string(), m.rows);
   write_json((dir / "report.json").string(), report, 2);
   print_summary(std::cout, report, o.out_dir);
-  std::cout.flush();
+  flush_stdout("the bench summary");
 }
 
 }  // namespace kvpipe

@@ -5,6 +5,7 @@
 #include "launch/job_config.h"
 #include "launch/job_plan.h"
 #include "launch/log.h"
+#include "launch/output.h"
 #include "launch/signals.h"
 #include "launch/workload.h"
 
@@ -23,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <tuple>
@@ -375,8 +377,7 @@ std::string csv_field(const std::string& s) {
 }
 
 void write_requests_csv(const std::string& path, const std::vector<RequestTiming>& rows) {
-  std::ofstream out(path);
-  if (!out) throw std::invalid_argument("--out: cannot write " + path);
+  std::ostringstream out;
   out << "id,arrival_ms,sent_ms,prompt_tokens,output_tokens,chunks,ttft_ms,tpot_ms,e2e_ms,itl_max_"
          "ms,finish_reason,"
          "error\n";
@@ -389,6 +390,7 @@ void write_requests_csv(const std::string& path, const std::vector<RequestTiming
                   r.chunk_s.size(), f.ttft_ms, f.tpot_ms, f.e2el_ms, f.itl_max_ms);
     out << line << csv_field(r.finish_reason) << "," << csv_field(r.error) << "\n";
   }
+  write_text_file(path, out.str(), "--out", "the request table");
 }
 
 ordered_json make_report(const BenchOptions& o, const JobConfig& job, const ModelConfig& model,
@@ -549,7 +551,7 @@ void bench_endpoint(const BenchOptions& o) {
   write_requests_csv((dir / "requests.csv").string(), timings);
   write_json((dir / "report.json").string(), report, 2);
   print_summary(std::cout, report, o.out_dir);
-  std::cout.flush();
+  flush_stdout("the bench summary");
 }
 
 }  // namespace kvpipe

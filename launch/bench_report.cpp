@@ -1,5 +1,7 @@
 #include "launch/bench_report.h"
 
+#include "launch/output.h"
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -56,9 +58,7 @@ ordered_json workload_json(const WorkloadSection& w) {
 }
 
 void write_json(const std::string& path, const ordered_json& j, int indent) {
-  std::ofstream out(path);
-  if (!out) throw std::invalid_argument("--out: cannot write " + path);
-  out << j.dump(indent) << "\n";
+  write_text_file(path, j.dump(indent) + "\n", "--out", "the report");
 }
 
 RankBreakdown breakdown(const std::vector<TraceSpan>& spans, double from_us, double to_us) {

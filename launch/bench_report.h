@@ -34,7 +34,8 @@ nlohmann::ordered_json to_json(const Distribution& d);
 // report.json's "workload" section: the loop mode, lengths, prefix, concurrency, rate, seed.
 nlohmann::ordered_json workload_json(const WorkloadSection& w);
 
-// Writes `j` to `path` (`indent` as json::dump); invalid_argument naming --out if it cannot.
+// Writes `j` to `path` (`indent` as json::dump): invalid_argument naming --out and the path if
+// it cannot be opened, JobFailure naming the path if a write fails.
 void write_json(const std::string& path, const nlohmann::ordered_json& j, int indent);
 
 struct RankBreakdown {

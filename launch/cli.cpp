@@ -10,6 +10,7 @@
 #include "launch/device_plan.h"
 #include "launch/log.h"
 #include "launch/model_text.h"
+#include "launch/output.h"
 #include "launch/serve.h"
 #include "launch/signals.h"
 #include "launch/slurm_script.h"
@@ -65,6 +66,10 @@ int guarded(F&& body, World* world) {
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "%serror: %s\n", who.c_str(), e.what());
     code = kExitBadInput;
+  } catch (const JobFailure& e) {
+    std::istringstream lines(e.what());
+    for (std::string line; std::getline(lines, line);) std::fprintf(stderr, "%serror: %s\n", who.c_str(), line.c_str());
+    code = kExitInternal;
   } catch (const std::exception& e) {
     std::string msg = e.what();
     msg = msg.substr(0, msg.find('\n'));  // c10::Error appends a backtrace
@@ -104,7 +109,9 @@ std::string absolute_path(const std::string& path) {
 
 }  // namespace
 
-int run_cli(int argc, char** argv) {
+namespace {
+
+int run_subcommand(int argc, char** argv) {
   CLI::App app{"kvpipe: pipeline-parallel LLM inference with a paged, tunable KV cache"};
   app.require_subcommand(1);
 
@@ -155,6 +162,8 @@ int run_cli(int argc, char** argv) {
   auto* max_new_opt = gen_cmd->add_option("--max-new-tokens", max_new, "Tokens to generate per request");
   gen_cmd->add_option("--logprobs-out", gen.logprobs_out,
                       "Write each generated token's full-vocabulary log-probabilities (JSON lines)");
+  gen_cmd->add_option("--output", gen.output,
+                      "Also write each request's JSON line to this file, as the request finishes");
   std::string log_level = "info";
   const auto log_levels = CLI::IsMember({"error", "warn", "info", "debug"});
   gen_cmd->add_option("--log-level", log_level, "error, warn, info (default) or debug")->check(log_levels);
@@ -274,6 +283,7 @@ int run_cli(int argc, char** argv) {
       const int ranks = ranks_opt->count() > 0 ? validate_ranks : default_rank_count(job);
       throw_if_problems(check_job_for_ranks(job, ranks));
       const JobPlan plan = plan_job(job, ranks);
+      check_job_requests(job, plan);
       print_plan(std::cout, plan);
       std::cout << "validate: " << validate_config << " is a valid job for " << ranks << " rank(s)\n";
     }, nullptr);
@@ -297,6 +307,7 @@ int run_cli(int argc, char** argv) {
       for (int64_t id : ids) pieces.push_back(text.tokenizer()->piece(id));
       out["pieces"] = pieces;
       std::cout << out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+      flush_stdout("the token ids");
     }, nullptr);
   }
   if (slurm_cmd->parsed()) {
@@ -310,6 +321,7 @@ int run_cli(int argc, char** argv) {
       inputs.overrides = slurm_overrides;
       inputs.kvpipe_binary = current_executable();
       std::cout << make_slurm_script(job, inputs);
+      flush_stdout("the sbatch script");
     }, nullptr);
   }
   if (bench_cmd->parsed() && !bench_opts.endpoint.empty()) {  // a client: no MPI job
@@ -340,6 +352,20 @@ int run_cli(int argc, char** argv) {
   // A job stopped by SIGINT/SIGTERM has printed what finished; it still did not complete.
   // A server stopped by a signal has shut down as asked: that is its normal end.
   return code == kExitOk && stop_requested() && !serve_cmd->parsed() ? stop_exit_code() : code;
+}
+
+}  // namespace
+
+int run_cli(int argc, char** argv) {
+  const int code = run_subcommand(argc, argv);
+  // Whatever a command printed through std::cout may still sit in a buffer: a command whose
+  // output is lost has failed, even where its own code did not look.
+  std::string reason;
+  if (!stdout_flushed(reason) && code == kExitOk) {
+    std::fprintf(stderr, "kvpipe: error: cannot write to stdout: %s\n", reason.c_str());
+    return kExitInternal;
+  }
+  return code;
 }
 
 }  // namespace kvpipe

@@ -9,18 +9,21 @@
 #include "engine/text/text_stream.h"
 #include "launch/log.h"
 #include "launch/model_text.h"
+#include "launch/output.h"
 #include "launch/signals.h"
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
-#include <fstream>
 #include <map>
-#include <iostream>
 #include <numeric>
-#include <sstream>
+#include <optional>
+#include <set>
 #include <stdexcept>
 
 namespace kvpipe {
@@ -78,11 +81,58 @@ std::vector<float> log_softmax(const float* logits, int64_t vocab) {
 
 namespace {
 
-// Rank 0: schedules, runs stage 0 (or the whole model), prints the results.
+// Rank 0's outputs, opened before the job starts so that an unusable path is refused before
+// any weight loads.
+struct GenerateOutputs {
+  LineOutput results = LineOutput::standard_output("results");
+  std::optional<LineOutput> results_file;  // --output
+  std::optional<LineOutput> logprobs;      // --logprobs-out
+  std::vector<std::string> failures;       // "request ID: MESSAGE", one per failed request
+};
+
+// A finished request's result, as Engine::results() gives it, from its sequence alone: the
+// line is written inside the step loop, where listing every request would cost O(requests).
+RequestResult finished_result(const Sequence& s) {
+  RequestResult r;
+  r.id = s.request.id;
+  r.prompt_ids = s.request.prompt;
+  r.output_ids.assign(s.tokens.begin() + static_cast<std::ptrdiff_t>(s.request.prompt.size()), s.tokens.end());
+  r.finish_reason = s.finish_reason;
+  r.error = s.error;
+  using ms = std::chrono::duration<double, std::milli>;
+  if (!r.output_ids.empty()) {
+    r.ttft_ms = ms(s.first_token_time - s.arrival_time).count();
+    if (r.output_ids.size() > 1)
+      r.tpot_ms = ms(s.last_token_time - s.first_token_time).count() / static_cast<double>(r.output_ids.size() - 1);
+  }
+  return r;
+}
+
+ordered_json result_line(const RequestResult& r, TextStream* stream) {
+  ordered_json line;
+  line["id"] = r.id;
+  line["prompt_ids"] = r.prompt_ids;
+  line["output_ids"] = r.output_ids;
+  line["finish_reason"] = r.finish_reason;
+  if (r.finish_reason == "error") line["error"] = r.error.empty() ? "failed" : r.error;
+  if (stream) {
+    stream->finish();
+    line["text"] = stream->text();
+  }
+  line["ttft_ms"] = std::round(r.ttft_ms * 1000.0) / 1000.0;
+  line["tpot_ms"] = std::round(r.tpot_ms * 1000.0) / 1000.0;
+  return line;
+}
+
+std::string dump_line(const ordered_json& j) {
+  return j.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+}
+
+// Rank 0: schedules, runs stage 0 (or the whole model), writes each result as it finishes.
 void run_coordinator(const GenerateOptions& o, const JobConfig& job, const JobPlan& plan,
-                     const ModelShard& shard, StepExecutor& executor) {
+                     const ModelShard& shard, StepExecutor& executor, GenerateOutputs& outputs) {
   EngineOptions eo = engine_options(job, plan);
-  eo.keep_logits = !o.logprobs_out.empty();
+  eo.keep_logits = outputs.logprobs.has_value();
   eo.should_stop = [] { return stop_requested(); };
   const ModelText text(job.model.path);
   const Tokenizer* tokenizer = text.tokenizer();
@@ -94,21 +144,38 @@ void run_coordinator(const GenerateOptions& o, const JobConfig& job, const JobPl
     for (int64_t id : tokenizer->eos_ids())
       if (std::find(model.eos_token_ids.begin(), model.eos_token_ids.end(), id) == model.eos_token_ids.end())
         model.eos_token_ids.push_back(id);
-  Engine engine(executor, model, plan.partition.num_blocks, eo);
+  const std::vector<Request> requests = job_requests(job, o, text);
   int64_t expected_tokens = 0;
   std::map<int64_t, TextStream> streams;
-  for (const Request& r : job_requests(job, o, text)) {
-    engine.add(r);
+  for (const Request& r : requests) {
     expected_tokens += r.max_new_tokens;
     if (tokenizer) streams.emplace(r.id, TextStream(*tokenizer, job.sampling.stop));
   }
   ProgressBar progress(expected_tokens, true);
+  // On a terminal the bar shares the screen with the result lines: erase it before each.
+  const bool erase_bar = ::isatty(STDOUT_FILENO) == 1;
 
-  std::ofstream logprobs;
-  if (!o.logprobs_out.empty()) {
-    logprobs.open(o.logprobs_out);
-    if (!logprobs) throw std::invalid_argument("--logprobs-out: cannot write " + o.logprobs_out);
-  }
+  int64_t generated = 0, prompt_tokens = 0, finished = 0;
+  std::set<int64_t> written;
+  auto write_result = [&](const RequestResult& r) {
+    const auto stream = streams.find(r.id);
+    const std::string line = dump_line(result_line(r, stream == streams.end() ? nullptr : &stream->second));
+    if (erase_bar && progress.active()) write_all(STDERR_FILENO, "\r\033[K", 4);
+    // The file first: under mpirun, stdout is a pipe that mpirun may stop reading.
+    if (outputs.results_file) outputs.results_file->write_line(line);
+    outputs.results.write_line(line);
+    if (r.finish_reason == "error")
+      outputs.failures.push_back("request " + std::to_string(r.id) + ": " + (r.error.empty() ? "failed" : r.error));
+    generated += static_cast<int64_t>(r.output_ids.size());
+    prompt_tokens += static_cast<int64_t>(r.prompt_ids.size());
+    ++finished;
+  };
+  eo.on_finished = [&](const Sequence& s) {
+    if (written.insert(s.request.id).second) write_result(finished_result(s));
+  };
+  Engine engine(executor, model, plan.partition.num_blocks, eo);
+  for (const Request& r : requests) engine.add(r);
+
   const auto t0 = Clock::now();
   engine.run([&](const TokenEvent& ev) {
     progress.advance(1);
@@ -117,41 +184,26 @@ void run_coordinator(const GenerateOptions& o, const JobConfig& job, const JobPl
       stream.push(ev.token);
       if (stream.stopped()) engine.finish(ev.request_id, "stop");
     }
-    if (!logprobs.is_open()) return;
+    if (!outputs.logprobs) return;
     ordered_json line;
     line["id"] = ev.request_id;
     line["step"] = ev.index;
     line["token"] = ev.token;
     line["logprobs"] = log_softmax(ev.logits, ev.vocab);
-    logprobs << line.dump() << "\n";
+    outputs.logprobs->write_line(line.dump());
   });
   const double wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
   progress.finish();
+  // A request the engine ended without reporting it is still a result.
+  for (const RequestResult& r : engine.results())
+    if (!r.finish_reason.empty() && written.insert(r.id).second) write_result(r);
   if (stop_requested()) {
-    log_printf(LogLevel::kWarn, "stopped by signal %d: printing the requests finished so far",
-               stop_signal());
+    log_printf(LogLevel::kWarn, "stopped by signal %d: %lld of %zu requests finished, their lines written",
+               stop_signal(), static_cast<long long>(finished), requests.size());
   }
+  if (outputs.results_file) outputs.results_file->close();
+  if (outputs.logprobs) outputs.logprobs->close();
 
-  int64_t generated = 0, prompt_tokens = 0;
-  for (const RequestResult& r : engine.results()) {
-    if (r.finish_reason.empty()) continue;  // unfinished: the job was stopped
-    ordered_json line;
-    line["id"] = r.id;
-    line["prompt_ids"] = r.prompt_ids;
-    line["output_ids"] = r.output_ids;
-    line["finish_reason"] = r.finish_reason;
-    if (tokenizer) {
-      TextStream& stream = streams.at(r.id);
-      stream.finish();
-      line["text"] = stream.text();
-    }
-    line["ttft_ms"] = std::round(r.ttft_ms * 1000.0) / 1000.0;
-    line["tpot_ms"] = std::round(r.tpot_ms * 1000.0) / 1000.0;
-    std::cout << line.dump() << "\n";
-    generated += static_cast<int64_t>(r.output_ids.size());
-    prompt_tokens += static_cast<int64_t>(r.prompt_ids.size());
-  }
-  std::cout.flush();
   const EngineStats& st = engine.stats();
   std::vector<double> steps;
   for (const StepRecord& r : st.step_records) steps.push_back(r.ms());
@@ -192,8 +244,17 @@ void generate(const GenerateOptions& o, World& world) {
     throw std::invalid_argument("--max-new-tokens: must be at least 1");
   const JobConfig job = load_job_config(o.config, o.overrides);
   const JobPlan plan = plan_job(job, world.size());
+  // Rank 0 opens its files now, after the job is known to be valid (a bad job leaves them
+  // untouched) and before anything loads.
+  std::optional<GenerateOutputs> outputs;
+  if (world.is_coordinator()) {
+    outputs.emplace();
+    if (!o.output.empty()) outputs->results_file = LineOutput::open_file(o.output, "--output", "results");
+    if (!o.logprobs_out.empty())
+      outputs->logprobs = LineOutput::open_file(o.logprobs_out, "--logprobs-out", "log-probabilities");
+  }
   const JobOutcome outcome = run_job(job, plan, world, nullptr, [&](CoordinatorContext& c) {
-    run_coordinator(o, c.job, c.plan, c.shard, c.executor);
+    run_coordinator(o, c.job, c.plan, c.shard, c.executor, *outputs);
   });
   for (size_t r = 0; r < outcome.times.size(); ++r) {
     const RankTimes& t = outcome.times[r];
@@ -201,6 +262,12 @@ void generate(const GenerateOptions& o, World& world) {
     log_printf(LogLevel::kInfo, "rank %zu: busy %.1f%%, wait %.1f%%, comm %.1f%% of %.3f s (%s)", r,
                100.0 * t.compute_s / total, 100.0 * t.wait_s / total, 100.0 * t.comm_s / total, t.total_s,
                outcome.backend.c_str());
+  }
+  // Every other result is out: now the failed requests fail the command.
+  if (outputs && !outputs->failures.empty()) {
+    std::string message;
+    for (const std::string& f : outputs->failures) message += (message.empty() ? "" : "\n") + f;
+    throw JobFailure(message);
   }
 }
 

@@ -4,13 +4,34 @@
 #include "engine/model_weights.h"
 #include "engine/safetensors.h"
 #include "engine/text/tokenizer_builder.h"
+#include "launch/output.h"
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 
 namespace kvpipe {
+namespace {
+
+// The JSON writers leave their last bytes to the stream's destructor, which cannot report a
+// failed write: reading the files back turns a full disk into an error, not a broken model.
+void check_written_json(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  bool whole = static_cast<bool>(in);
+  if (whole) {
+    try {
+      (void)nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception&) {
+      whole = false;
+    }
+  }
+  if (!whole) throw JobFailure("cannot write the model: " + path + " was not written whole (is the disk full?)");
+}
+
+}  // namespace
 
 void init_model(const InitModelOptions& o) {
   if (o.out.empty()) throw std::invalid_argument("--out: a path is required");
@@ -47,6 +68,11 @@ void init_model(const InitModelOptions& o) {
   for (const auto& [name, shape] : hf_tensor_layout(o.config))
     tensors.emplace_back(name, random_tensor(name, shape, o.seed, o.std).to(dtype));
   write_safetensors(o.out + "/model.safetensors", tensors, {{"format", "pt"}});
+  check_written_json(o.out + "/config.json");
+  if (o.config.vocab_size >= kMinByteLevelVocab) {
+    check_written_json(o.out + "/tokenizer.json");
+    check_written_json(o.out + "/tokenizer_config.json");
+  }
 }
 
 }  // namespace kvpipe

@@ -2,9 +2,11 @@
 //
 // The handlers only record the signal: the coordinator's step loop polls stop_requested(),
 // stops scheduling, lets the micro-batches in flight come back, and the job shuts its
-// pipeline down, prints the requests finished so far and exits with 128 + the signal
-// (130 for SIGINT, 143 for SIGTERM). A second signal of the same kind ends the process at
-// once, for a job that does not get to its next step.
+// pipeline down and exits with 128 + the signal (130 for SIGINT, 143 for SIGTERM). The
+// requests finished before the signal are already printed (generate writes each line as
+// its request finishes), so nothing is lost when mpirun kills the ranks soon after passing
+// the signal on. A second signal of the same kind ends the process at once, for a job that
+// does not get to its next step.
 #pragma once
 
 namespace kvpipe {

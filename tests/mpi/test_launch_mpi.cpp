@@ -13,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -55,18 +56,20 @@ TEST_F(LaunchMpi, TwoRankJobFromConfigs) {
       cmd + KVPIPE_BINARY + " generate --config " + config() + " --log-level warn", *dir_ / "models");
   ASSERT_EQ(one.code, 0) << one.err;
   EXPECT_EQ(one.err, "");
-  // Same requests, same greedy tokens; results (4 requests) printed once, by rank 0.
-  std::istringstream a(two.out), b(one.out);
-  std::string la, lb;
-  int lines = 0;
-  while (std::getline(a, la)) {
-    ASSERT_TRUE(std::getline(b, lb));
-    const auto ja = nlohmann::json::parse(la), jb = nlohmann::json::parse(lb);
-    EXPECT_EQ(ja["id"], jb["id"]);
-    EXPECT_EQ(ja["output_ids"], jb["output_ids"]);
-    ++lines;
-  }
-  EXPECT_EQ(lines, 4);
+  // Same requests, same greedy tokens; results (4 requests) printed once, by rank 0, each
+  // as it finishes (the order may differ between the two runs).
+  auto outputs = [](const std::string& text) {
+    std::map<int64_t, nlohmann::json> by_id;
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+      const auto j = nlohmann::json::parse(line);
+      EXPECT_TRUE(by_id.emplace(j["id"].get<int64_t>(), j["output_ids"]).second) << "printed twice: " << line;
+    }
+    return by_id;
+  };
+  const auto a = outputs(two.out), b = outputs(one.out);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a.size(), 4u);
   // Every log line of a two-rank job names its rank.
   std::istringstream err(two.err);
   int plan_lines = 0, rank_lines = 0;

@@ -130,4 +130,5 @@ def generate(*args, ranks=1):
     r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, cwd=SOURCE)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr}")
-    return [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    # Lines come in finish order: return them in request order.
+    return sorted((json.loads(line) for line in r.stdout.splitlines() if line.strip()), key=lambda j: j["id"])

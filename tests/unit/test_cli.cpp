@@ -9,9 +9,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 namespace kvpipe {
@@ -105,6 +107,9 @@ TEST_F(CliTest, GeneratePrintsOneJsonLinePerRequestAndLogprobs) {
   std::vector<nlohmann::ordered_json> results;
   while (std::getline(lines, line)) results.push_back(nlohmann::ordered_json::parse(line));
   ASSERT_EQ(results.size(), 2u);
+  // Lines come in finish order; each names its request.
+  std::sort(results.begin(), results.end(), [](const auto& a, const auto& b) { return a["id"] < b["id"]; });
+  EXPECT_EQ(results[0]["id"], 0);
   const std::vector<std::string> keys = {"id", "prompt_ids", "output_ids", "finish_reason", "ttft_ms", "tpot_ms"};
   for (const auto& j : results) {
     std::vector<std::string> got;
@@ -143,9 +148,12 @@ TEST_F(CliTest, DummyPresetIsTheInitModelPreset) {
   ASSERT_EQ(dummy.code, 0) << dummy.err;
   auto outputs = [](const std::string& text) {
     std::istringstream lines(text);
-    std::string line, all;
-    while (std::getline(lines, line)) all += nlohmann::json::parse(line)["output_ids"].dump();
-    return all;
+    std::map<int64_t, std::string> by_id;
+    for (std::string line; std::getline(lines, line);) {
+      const auto j = nlohmann::json::parse(line);
+      by_id[j["id"].get<int64_t>()] = j["output_ids"].dump();
+    }
+    return by_id;
   };
   EXPECT_EQ(outputs(from_files.out), outputs(dummy.out));
 }
