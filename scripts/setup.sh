@@ -18,6 +18,7 @@ packages=(
   libcpp-httplib-dev   # kvpipe serve and bench --endpoint
   chromium chromium-driver   # the server's chat page, driven headless by its test
   libopenblas-pthread-dev   # float32 GEMM where it beats LibTorch's MKL (AMD processors)
+  clang-14 libclang-rt-14-dev llvm-14   # scripts/fuzz.sh: libFuzzer, ASan/UBSan runtimes, symbolizer
   python3 python3-venv gnuplot-nox   # the environment below; benchmarks/sweep plots
 )
 
