@@ -540,7 +540,7 @@ INSTANTIATE_TEST_SUITE_P(
                       {"job.yaml:3: parallel.layers: ", "list"}},
         MalformedCase{"MicroBatchesZero",
                       kModel + "parallel: {micro_batches: 0}\n",
-                      {"job.yaml:3: parallel.micro_batches: ", "auto or a positive integer"}},
+                      {"job.yaml:3: parallel.micro_batches: ", "auto or an integer in [1, 1024]"}},
         MalformedCase{"NegativeCacheMemory",
                       kModel + "cache: {memory: -1GiB}\n",
                       {"job.yaml:3: cache.memory: ", "negative"}},
