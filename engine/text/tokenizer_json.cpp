@@ -39,6 +39,13 @@ struct Where {
   }
 };
 
+// Ids index dense tables; model configs bound the vocabulary at 2^24 as well.
+constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
+const char* const kNotATokenId = "is not a token id (an integer in [0, 16777215])";
+bool is_token_id(const nlohmann::json& id) {
+  return id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() <= kMaxTokenId;
+}
+
 const json& member(const json& j, const char* key, const Where& w, const std::string& path) {
   if (!j.is_object() || !j.contains(key)) w.fail(path + "." + key, "is missing");
   return j.at(key);
@@ -569,8 +576,11 @@ HfTokenizer::HfTokenizer(const std::string& dir) {
   const json& vocab = member(model, "vocab", w, "model");
   if (!vocab.is_object()) w.fail("model.vocab", "is not an object");
   int64_t n = 0;
+  std::unordered_map<int64_t, std::string> text_of_id;
   for (const auto& [text, id] : vocab.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0) w.fail("model.vocab." + text, "is not a token id");
+    if (!is_token_id(id)) w.fail("model.vocab." + text, kNotATokenId);
+    const auto [other, fresh] = text_of_id.emplace(id.get<int64_t>(), text);
+    if (!fresh) w.fail("model.vocab." + text, "has the id of model.vocab." + other->second);
     vocab_[text] = id.get<int64_t>();
     n = std::max(n, id.get<int64_t>() + 1);
   }
@@ -632,7 +642,7 @@ HfTokenizer::HfTokenizer(const std::string& dir) {
       const json& t = list[i];
       const std::string path = "added_tokens[" + std::to_string(i) + "]";
       const json& id = member(t, "id", w, path);
-      if (!id.is_number_integer() || id.get<int64_t>() < 0) w.fail(path + ".id", "is not a token id");
+      if (!is_token_id(id)) w.fail(path + ".id", kNotATokenId);
       AddedToken a{id.get<int64_t>(), string_member(t, "content", w, path), bool_member(t, "single_word", false),
                    bool_member(t, "lstrip", false), bool_member(t, "rstrip", false), false,
                    bool_member(t, "special", false)};
@@ -678,7 +688,12 @@ HfTokenizer::HfTokenizer(const std::string& dir) {
         } else if (item.contains("SpecialToken")) {
           const std::string name = string_member(item.at("SpecialToken"), "id", w, path + ".single[" + std::to_string(i) + "].SpecialToken");
           if (!specials.contains(name)) w.fail(path + ".special_tokens", "has no '" + name + "'");
-          for (const json& id : specials.at(name).at("ids")) (after ? suffix_ : prefix_).push_back(id.get<int64_t>());
+          const json& ids = member(specials.at(name), "ids", w, path + ".special_tokens." + name);
+          if (!ids.is_array()) w.fail(path + ".special_tokens." + name + ".ids", "is not a list");
+          for (const json& id : ids) {
+            if (!id.is_number_integer()) w.fail(path + ".special_tokens." + name + ".ids", "holds a non-integer");
+            (after ? suffix_ : prefix_).push_back(id.get<int64_t>());
+          }
         } else {
           w.fail(path + ".single[" + std::to_string(i) + "]", "is neither Sequence nor SpecialToken");
         }
@@ -693,6 +708,11 @@ HfTokenizer::HfTokenizer(const std::string& dir) {
     }
   };
   if (root.contains("post_processor")) read_post(root.at("post_processor"), "post_processor");
+  for (const std::vector<int64_t>* ids : {&prefix_, &suffix_})
+    for (const int64_t id : *ids)
+      if (id < 0 || id >= size)
+        w.fail("post_processor", "adds token id " + std::to_string(id) + ", outside the vocabulary of " +
+                                     std::to_string(size) + " tokens");
 
   // tokenizer_config.json: BOS/EOS, their switches, the chat template.
   const std::string config_path = (std::filesystem::path(dir) / "tokenizer_config.json").string();
@@ -880,8 +900,18 @@ std::string HfTokenizer::decode(const std::vector<int64_t>& ids, bool skip_speci
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& dir) {
-  if (!std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json")) return nullptr;
-  return std::make_unique<HfTokenizer>(dir);
+  const std::filesystem::path file = std::filesystem::path(dir) / "tokenizer.json";
+  if (!std::filesystem::exists(file)) return nullptr;
+  try {
+    return std::make_unique<HfTokenizer>(dir);
+  } catch (const nlohmann::json::exception& e) {
+    // The reader names the key for the shapes it expects; a value of another JSON type met
+    // deeper (a string where a token id belongs, say) is still the file's fault, not ours.
+    std::string what = e.what();
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    throw std::invalid_argument(file.string() + " (or tokenizer_config.json beside it): unexpected JSON shape (" +
+                                what + ")");
+  }
 }
 
 }  // namespace kvpipe

@@ -177,6 +177,34 @@ TEST_F(TokenizerTest, TokenizerJsonErrorsNameFileAndPath) {
 
   write("broken/tokenizer.json", "{\"model\": ");
   EXPECT_NE(load_error(path("broken")).find(path("broken/tokenizer.json") + ": not valid JSON"), std::string::npos);
+
+  // Shapes met deep in the file are refused as bad input too, never escaping as an internal
+  // error (both found by tests/fuzz/fuzz_tokenizer_json).
+  auto with_post = [](const std::string& post) {
+    std::string json = byte_level_json(R"({"type": "ByteLevel"})");
+    const std::string null_post = R"("post_processor": null)";
+    return json.replace(json.find(null_post), null_post.size(), R"("post_processor": )" + post);
+  };
+  write("ids/tokenizer.json", with_post(R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}}],
+      "special_tokens": {"<s>": {"id": "<s>"}}})"));
+  EXPECT_EQ(load_error(path("ids")), path("ids/tokenizer.json") + ": post_processor.special_tokens.<s>.ids is missing");
+  write("far/tokenizer.json", with_post(R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}}],
+      "special_tokens": {"<s>": {"id": "<s>", "ids": [29]}}})"));
+  EXPECT_EQ(load_error(path("far")),
+            path("far/tokenizer.json") + ": post_processor adds token id 29, outside the vocabulary of 29 tokens");
+  std::string duplicate = byte_level_json(R"({"type": "ByteLevel"})");
+  duplicate.replace(duplicate.find("\"b\": 1,"), 7, "\"b\": 0,");
+  write("dup/tokenizer.json", duplicate);
+  EXPECT_EQ(load_error(path("dup")), path("dup/tokenizer.json") + ": model.vocab.b has the id of model.vocab.a");
+  std::string huge = byte_level_json(R"({"type": "ByteLevel"})");
+  huge.replace(huge.find("\"ab\": 26"), 8, "\"ab\": 4294967296");
+  write("huge/tokenizer.json", huge);
+  EXPECT_EQ(load_error(path("huge")),
+            path("huge/tokenizer.json") + ": model.vocab.ab is not a token id (an integer in [0, 16777215])");
+  write("cls/tokenizer.json", with_post(R"({"type": "RobertaProcessing", "cls": ["<s>", "zero"], "sep": ["</s>", 2]})"));
+  EXPECT_NE(load_error(path("cls")).find(path("cls/tokenizer.json") + " (or tokenizer_config.json beside it): unexpected JSON shape"),
+            std::string::npos)
+      << load_error(path("cls"));
 }
 
 TEST_F(TokenizerTest, TokenizerJsonMergesInBothFormsAgree) {
