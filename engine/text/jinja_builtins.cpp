@@ -516,14 +516,14 @@ double round_half_even(double v, int64_t precision) {
 }
 
 std::string indent_filter(const std::string& s_in, const Value& width, bool first, bool blank) {
-  const std::string indention = width.is_string() ? width.s : std::string(static_cast<size_t>(width.as_int()), ' ');
+  const std::string indention = width.is_string() ? width.s.str() : std::string(static_cast<size_t>(width.as_int()), ' ');
   const std::string s = s_in + "\n";
   List lines = splitlines(s);
   std::string rv;
   if (blank) {
     for (size_t k = 0; k < lines.size(); ++k) rv += (k ? "\n" + indention : std::string()) + lines[k].s;
   } else {
-    rv = lines.empty() ? "" : lines[0].s;
+    rv = lines.empty() ? std::string() : std::string(lines[0].s);
     if (lines.size() > 1) {
       rv += "\n";
       for (size_t k = 1; k < lines.size(); ++k) {
@@ -974,10 +974,11 @@ Value global_value(const std::string& name) {
       }
       if (step == 0) throw RenderError("range() arg 3 must not be zero");
       List out;
-      for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
+      for (int64_t k = start; step > 0 ? k < stop : k > stop;) {
         if (out.size() >= 100000)
           throw RenderError("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
         out.push_back(Value::integer(k));
+        if (__builtin_add_overflow(k, step, &k)) break;  // past the last int64_t: past stop too
       }
       return Value::make_list(std::move(out));
     });
@@ -985,6 +986,7 @@ Value global_value(const std::string& name) {
     return bound([name](Args& a) {
       Value d = Value::make_dict();
       d.is_namespace = name == "namespace";
+      if (d.is_namespace) track_namespace(d.dict);
       for (const auto& p : a.pos) {
         if (p.is_dict()) {
           for (const auto& [k, v] : p.dict->items) d.dict->set(k, v);

@@ -53,7 +53,11 @@ class Renderer {
 
   Flow exec(const Stmt& s, Scope& scope, std::string& out) {
     try {
-      return exec_statement(s, scope, out);
+      count_step();
+      const Deeper deeper(*this);
+      const Flow flow = exec_statement(s, scope, out);
+      check_string_size(out.size());
+      return flow;
     } catch (const RenderError& e) {
       throw TemplateError(e.what(), s.line);
     }
@@ -117,6 +121,8 @@ class Renderer {
       if (s.attribute[0] == '_')
         throw RenderError("Chat templates cannot store underscore-prefixed attributes on a namespace, but got '" +
                           s.attribute + "'. Please rename the attribute.");
+      if (holds(v, target.dict.get()))
+        throw RenderError("cannot store a namespace inside itself ('" + s.targets[0] + "." + s.attribute + "')");
       target.dict->set(s.attribute, std::move(v));
       return;
     }
@@ -152,6 +158,7 @@ class Renderer {
     }
     const int64_t n = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < n; ++k) {
+      count_step();
       Scope iteration(&scope);
       Value loop = Value::make_dict();
       Dict& d = *loop.dict;
@@ -237,6 +244,7 @@ class Renderer {
 
   Value eval(const Expr& e, Scope& scope) {
     try {
+      const Deeper deeper(*this);
       return eval_expression(e, scope);
     } catch (const RenderError& err) {
       throw TemplateError(err.what(), e.line);
@@ -341,10 +349,40 @@ class Renderer {
   }
 
   const Value& context_;
+  uint64_t steps_ = 0;  // statements and loop iterations so far
+  int depth_ = 0;       // statements and expressions being evaluated, one inside the other
+
+  // Macros may call themselves; Python stops them at its recursion limit, kvpipe here, well
+  // before the stack's end.
+  static constexpr int kMaxDepth = 400;
+  class Deeper {
+   public:
+    explicit Deeper(Renderer& r) : renderer_(r) {
+      if (++renderer_.depth_ > kMaxDepth) {
+        --renderer_.depth_;
+        throw RenderError("maximum recursion depth exceeded (" + std::to_string(kMaxDepth) + " nested calls)");
+      }
+    }
+    ~Deeper() { --renderer_.depth_; }
+    Deeper(const Deeper&) = delete;
+    Deeper& operator=(const Deeper&) = delete;
+
+   private:
+    Renderer& renderer_;
+  };
+
+  void count_step() {
+    if (++steps_ > kMaxRenderSteps)
+      throw RenderError("the template ran more than " + std::to_string(kMaxRenderSteps) +
+                        " statements and loop iterations");
+  }
 };
 
 }  // namespace
 
-std::string render(const Body& body, const Value& context) { return Renderer(context).run(body); }
+std::string render(const Body& body, const Value& context) {
+  const RenderScope scope;
+  return Renderer(context).run(body);
+}
 
 }  // namespace kvpipe::jinja

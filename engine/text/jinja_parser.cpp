@@ -10,6 +10,12 @@ namespace {
 
 void check_names(const Body& body, bool soft);
 
+// How deep a template may nest: blocks and parenthesised or unary expressions while parsing,
+// any expression tree after. Python refuses 200 nested parentheses; the interpreter's
+// recursive walks stay within the stack below these.
+constexpr int kMaxParseNesting = 100;
+constexpr int kMaxExprDepth = 256;
+
 class Parser {
  public:
   explicit Parser(const std::vector<Token>& tokens) : t_(tokens) {}
@@ -73,6 +79,7 @@ class Parser {
   // Statements up to a block tag named in `ends`; consumes `{% name` of that tag and
   // reports the name in `end`.
   Body parse_body(std::initializer_list<const char*> ends, std::string& end) {
+    const Nest nest(*this);
     Body body;
     while (true) {
       const Token& t = cur();
@@ -373,6 +380,7 @@ class Parser {
   }
 
   ExprPtr parse_unary(bool with_filter) {
+    const Nest nest(*this);
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
       const Token& t = next();
@@ -579,22 +587,41 @@ class Parser {
     return e;
   }
 
+  // Counts one level of parser recursion for as long as it lives.
+  class Nest {
+   public:
+    explicit Nest(Parser& parser) : parser_(parser) {
+      if (++parser_.nesting_ > kMaxParseNesting)
+        parser_.fail("the template nests deeper than " + std::to_string(kMaxParseNesting) + " levels");
+    }
+    ~Nest() { --parser_.nesting_; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+
+   private:
+    Parser& parser_;
+  };
+
   const std::vector<Token>& t_;
   size_t p_ = 0;
+  int nesting_ = 0;
 };
 
 // jinja2 rejects an unknown filter or test when it compiles the template, except where the
 // code may not run (directly inside an if/elif/else or a conditional expression: a "soft"
 // frame), where the failure waits until the filter is called.
-void check_names(const Expr* e, bool soft) {
+void check_names(const Expr* e, bool soft, int depth = 1) {
   if (!e) return;
+  // Long operator and filter chains nest without parser recursion: `a ~ b ~ c ...`.
+  if (depth > kMaxExprDepth)
+    throw TemplateError("expression nested deeper than " + std::to_string(kMaxExprDepth) + " levels", e->line);
   if (!soft && e->kind == Expr::Kind::Filter && !is_known_filter(e->name))
     throw TemplateError("No filter named '" + e->name + "'.", e->line);
   if (!soft && e->kind == Expr::Kind::Test && !is_known_test(e->name))
     throw TemplateError("No test named '" + e->name + "'.", e->line);
   const bool inner_soft = soft || e->kind == Expr::Kind::Condition;
-  for (const auto& c : e->children) check_names(c.get(), inner_soft);
-  for (const auto& kw : e->kwargs) check_names(kw.second.get(), inner_soft);
+  for (const auto& c : e->children) check_names(c.get(), inner_soft, depth + 1);
+  for (const auto& kw : e->kwargs) check_names(kw.second.get(), inner_soft, depth + 1);
 }
 
 void check_names(const Body& body, bool soft) {
@@ -613,6 +640,23 @@ void check_names(const Body& body, bool soft) {
 }
 
 }  // namespace
+
+Expr::~Expr() {
+  // Iterative: a refused template may hold a chain far deeper than the stack allows.
+  std::vector<ExprPtr> pending;
+  auto adopt = [&pending](Expr& e) {
+    for (auto& c : e.children)
+      if (c) pending.push_back(std::move(c));
+    for (auto& kw : e.kwargs)
+      if (kw.second) pending.push_back(std::move(kw.second));
+  };
+  adopt(*this);
+  while (!pending.empty()) {
+    ExprPtr e = std::move(pending.back());
+    pending.pop_back();
+    adopt(*e);
+  }
+}
 
 Body parse(const std::vector<Token>& tokens) { return Parser(tokens).parse_template(); }
 

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <unordered_set>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -67,13 +68,71 @@ Value Value::number(double x) {
   v.f = x;
   return v;
 }
+void check_string_size(size_t bytes) {
+  if (bytes > kMaxStringBytes)
+    throw RenderError("string of " + std::to_string(bytes) + " bytes is larger than the " +
+                      std::to_string(kMaxStringBytes) + " a template may build");
+}
+
+static void check_list_size(size_t items) {
+  if (items > kMaxListItems)
+    throw RenderError("list of " + std::to_string(items) + " items is larger than the " +
+                      std::to_string(kMaxListItems) + " a template may build");
+}
+
+namespace {
+thread_local RenderScope* current_render = nullptr;
+}
+
+RenderScope::RenderScope() : outer_(current_render) { current_render = this; }
+
+RenderScope::~RenderScope() {
+  current_render = outer_;
+  // Moved out first: freeing the values may free other namespaces of this list.
+  std::vector<std::vector<std::pair<std::string, Value>>> contents;
+  for (const auto& weak : namespaces_)
+    if (const std::shared_ptr<Dict> dict = weak.lock()) contents.push_back(std::move(dict->items));
+}
+
+void track_namespace(const std::shared_ptr<Dict>& dict) {
+  if (current_render) current_render->namespaces_.push_back(dict);
+}
+
+void charge_copy(size_t bytes) {
+  if (!current_render || bytes == 0) return;
+  current_render->copied_bytes_ += bytes;
+  if (current_render->copied_bytes_ > kMaxCopiedBytes)
+    throw RenderError("the template copied more than " + std::to_string(kMaxCopiedBytes >> 20) +
+                      " MiB of strings");
+}
+
+bool holds(const Value& v, const Dict* dict) {
+  std::vector<const Value*> pending{&v};
+  std::unordered_set<const void*> seen;
+  while (!pending.empty()) {
+    const Value* x = pending.back();
+    pending.pop_back();
+    if (x->is_dict()) {
+      if (x->dict.get() == dict) return true;
+      if (!seen.insert(x->dict.get()).second) continue;
+      for (const auto& item : x->dict->items) pending.push_back(&item.second);
+    } else if (x->is_list()) {
+      if (!seen.insert(x->list.get()).second) continue;
+      for (const Value& item : *x->list) pending.push_back(&item);
+    }
+  }
+  return false;
+}
+
 Value Value::string(std::string x) {
+  check_string_size(x.size());
   Value v;
   v.type = Type::String;
   v.s = std::move(x);
   return v;
 }
 Value Value::make_list(List items) {
+  check_list_size(items.size());
   Value v;
   v.type = Type::List;
   v.list = std::make_shared<List>(std::move(items));
@@ -158,7 +217,7 @@ bool Value::truthy() const {
 }
 
 void Value::require_defined() const {
-  if (type == Type::Undefined) throw RenderError(s.empty() ? "value is undefined" : s);
+  if (type == Type::Undefined) throw RenderError(s.empty() ? "value is undefined" : s.str());
 }
 
 std::string Value::type_name() const {
@@ -566,7 +625,13 @@ bool py_contains(const Value& container, const Value& item) {
   }
 }
 
+// Python integers do not overflow; kvpipe's are 64-bit and refuse to instead.
+[[noreturn]] static void integer_overflow(const std::string& op) {
+  throw RenderError("integer overflow in " + op + " (template integers are 64-bit)");
+}
+
 static int64_t floor_div(int64_t a, int64_t b) {
+  if (a == INT64_MIN && b == -1) integer_overflow("//");
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
   return q;
@@ -604,17 +669,32 @@ Value py_binary(const std::string& op, const Value& a, const Value& b) {
     }
     if (ints) {
       const int64_t x = a.as_int(), y = b.as_int();
-      if (op == "+") return Value::integer(x + y);
-      if (op == "-") return Value::integer(x - y);
-      if (op == "*") return Value::integer(x * y);
+      int64_t r = 0;
+      if (op == "+" || op == "-" || op == "*") {
+        const bool overflow = op == "+"   ? __builtin_add_overflow(x, y, &r)
+                              : op == "-" ? __builtin_sub_overflow(x, y, &r)
+                                          : __builtin_mul_overflow(x, y, &r);
+        if (overflow) integer_overflow(op);
+        return Value::integer(r);
+      }
       if (op == "//" || op == "%") {
         if (y == 0) throw RenderError("integer division or modulo by zero");
-        return op == "//" ? Value::integer(floor_div(x, y)) : Value::integer(x - floor_div(x, y) * y);
+        if (op == "//") return Value::integer(floor_div(x, y));
+        if (y == -1) return Value::integer(0);  // x % -1, INT64_MIN's included
+        // The remainder with the divisor's sign, as Python's; x - (x // y) * y may overflow.
+        int64_t m = x % y;
+        if (m != 0 && ((m < 0) != (y < 0))) m += y;
+        return Value::integer(m);
       }
       if (op == "**") {
         if (y < 0) return Value::number(std::pow(static_cast<double>(x), static_cast<double>(y)));
-        int64_t r = 1;
-        for (int64_t k = 0; k < y; ++k) r *= x;
+        // By squaring: y may be as large as the integers go.
+        r = 1;
+        int64_t base = x;
+        for (int64_t e = y; e > 0; e >>= 1) {
+          if ((e & 1) && __builtin_mul_overflow(r, base, &r)) integer_overflow(op);
+          if (e > 1 && __builtin_mul_overflow(base, base, &base)) integer_overflow(op);
+        }
         return Value::integer(r);
       }
     } else {
@@ -634,12 +714,16 @@ Value py_binary(const std::string& op, const Value& a, const Value& b) {
   if (op == "+") {
     if (a.is_string() && b.is_string() && (a.is_safe || b.is_safe)) {
       // Markup + str escapes the str, as markupsafe does.
-      Value r = Value::string((a.is_safe ? a.s : html_escape(a.s)) + (b.is_safe ? b.s : html_escape(b.s)));
+      Value r = Value::string((a.is_safe ? a.s.str() : html_escape(a.s)) + (b.is_safe ? b.s.str() : html_escape(b.s)));
       r.is_safe = true;
       return r;
     }
-    if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);
+    if (a.is_string() && b.is_string()) {
+      check_string_size(a.s.size() + b.s.size());
+      return Value::string(a.s + b.s);
+    }
     if (a.is_list() && b.is_list() && a.is_tuple == b.is_tuple) {
+      check_list_size(a.list->size() + b.list->size());
       List items = *a.list;
       items.insert(items.end(), b.list->begin(), b.list->end());
       Value r = Value::make_list(std::move(items));
@@ -656,9 +740,16 @@ Value py_binary(const std::string& op, const Value& a, const Value& b) {
     const Value* seq = a.is_number() ? &b : &a;
     const Value* count = a.is_number() ? &a : &b;
     if (!count->is_integral() || !(seq->is_string() || seq->is_list())) return unsupported();
-    const int64_t n = count->as_int();
+    const int64_t n = std::max<int64_t>(count->as_int(), 0);
+    const size_t unit = seq->is_string() ? seq->s.size() : seq->list->size();
+    // Checked before building, as the product may not fit memory or even size_t.
+    if (unit != 0 && static_cast<uint64_t>(n) > (seq->is_string() ? kMaxStringBytes : kMaxListItems) / unit) {
+      if (seq->is_string()) check_string_size(SIZE_MAX);
+      check_list_size(SIZE_MAX);
+    }
     if (seq->is_string()) {
       std::string r;
+      r.reserve(unit * static_cast<size_t>(n));
       for (int64_t k = 0; k < n; ++k) r += seq->s;
       return Value::string(r);
     }
@@ -710,7 +801,10 @@ static Value percent_format(const std::string& format, const Value& args) {
 Value py_negate(const Value& v) {
   v.require_defined();
   if (v.type == Value::Type::Float) return Value::number(-v.f);
-  if (v.is_integral()) return Value::integer(-v.as_int());
+  if (v.is_integral()) {
+    if (v.as_int() == INT64_MIN) integer_overflow("unary -");
+    return Value::integer(-v.as_int());
+  }
   throw RenderError("bad operand type for unary -: '" + v.type_name() + "'");
 }
 

@@ -27,6 +27,44 @@ class RenderError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// What one render may build. jinja2 bounds range() alone (MAX_RANGE) and leaves the rest to the
+// machine; a template comes with a model file, so kvpipe bounds what it can grow to as well:
+// any string (the output included) and any list, and the statements one render executes.
+// Real chat templates stay far below each: 16 MiB of text is some four million tokens.
+constexpr size_t kMaxStringBytes = size_t{1} << 24;
+constexpr size_t kMaxListItems = size_t{1} << 20;
+constexpr uint64_t kMaxRenderSteps = 1'000'000;
+
+// Bytes of strings a render may copy in all (each use of a variable copies its value): a
+// loop over one large string would otherwise run for hours within the bounds above.
+constexpr uint64_t kMaxCopiedBytes = uint64_t{1} << 28;
+
+// Throws RenderError when a string of `bytes` would pass kMaxStringBytes.
+void check_string_size(size_t bytes);
+
+// Counts `bytes` copied against kMaxCopiedBytes while a RenderScope lives on this thread.
+void charge_copy(size_t bytes);
+
+// A value's string: a std::string whose copies are charged to the render (charge_copy).
+class TemplateString : public std::string {
+ public:
+  TemplateString() = default;
+  TemplateString(std::string s) : std::string(std::move(s)) {}  // NOLINT: implicit, as std::string
+  TemplateString(const TemplateString& o) : std::string(o) { charge_copy(size()); }
+  TemplateString(TemplateString&&) noexcept = default;
+  TemplateString& operator=(const TemplateString& o) {
+    charge_copy(o.size());
+    std::string::operator=(o);
+    return *this;
+  }
+  TemplateString& operator=(TemplateString&&) noexcept = default;
+  TemplateString& operator=(std::string s) {
+    std::string::operator=(std::move(s));
+    return *this;
+  }
+  const std::string& str() const { return *this; }
+};
+
 struct Value;
 using List = std::vector<Value>;
 
@@ -56,7 +94,7 @@ struct Value {
   int64_t i = 0;
   double f = 0;
   // The string of a String; the error hint of an Undefined ("'x' is undefined").
-  std::string s;
+  TemplateString s;
   std::shared_ptr<List> list;
   std::shared_ptr<Dict> dict;
   std::shared_ptr<Function> fn;
@@ -92,6 +130,31 @@ struct Value {
   void require_defined() const;
   // Python's type name, as error messages print it ("str", "dict", "NoneType").
   std::string type_name() const;
+};
+
+// Whether `v` is `dict` or holds it at any depth. Namespaces are the only containers a
+// template can change after making them, so refusing to store a namespace inside itself keeps
+// every value acyclic: printing, comparing and freeing values never loop.
+bool holds(const Value& v, const Dict* dict);
+
+// What one render owns, for as long as a RenderScope lives on this thread: the bytes its
+// values copied (charge_copy), and its namespaces, emptied when it ends: a namespace may still
+// reach itself through a bound method it holds (`ns.f = d.get` where d holds ns), a cycle that
+// reference counting alone would never free.
+void track_namespace(const std::shared_ptr<Dict>& dict);
+class RenderScope {
+ public:
+  RenderScope();
+  ~RenderScope();
+  RenderScope(const RenderScope&) = delete;
+  RenderScope& operator=(const RenderScope&) = delete;
+
+ private:
+  friend void track_namespace(const std::shared_ptr<Dict>& dict);
+  friend void charge_copy(size_t bytes);
+  std::vector<std::weak_ptr<Dict>> namespaces_;
+  uint64_t copied_bytes_ = 0;
+  RenderScope* outer_;
 };
 
 // The Dict key of a value, and the value a Dict key stands for.

@@ -279,5 +279,73 @@ TEST(ChatTemplate, RendersConcurrentlyAndMoves) {
   EXPECT_EQ(moved.name(), "llama31");
 }
 
+// A template comes with a model file: what it computes is bounded (64-bit integers that refuse
+// to overflow, strings, lists, nesting, recursion and running time), each a line-numbered error
+// instead of undefined behaviour, a crash or a hang. Found by tests/fuzz/fuzz_chat_template.
+TEST(ChatTemplateBounds, IntegerOverflowIsAnError) {
+  EXPECT_EQ(error_of("{{ 9223372036854775807 + 1 }}"), "t.jinja:1: integer overflow in + (template integers are 64-bit)");
+  EXPECT_EQ(error_of("{{ -9223372036854775807 - 2 }}"), "t.jinja:1: integer overflow in - (template integers are 64-bit)");
+  EXPECT_EQ(error_of("{{ 9223372036854775807 * 2 }}"), "t.jinja:1: integer overflow in * (template integers are 64-bit)");
+  EXPECT_EQ(error_of("{{ 2 ** 63 }}"), "t.jinja:1: integer overflow in ** (template integers are 64-bit)");
+  EXPECT_EQ(error_of("{{ 2 ** 9223372036854775807 }}"), "t.jinja:1: integer overflow in ** (template integers are 64-bit)");
+  EXPECT_EQ(error_of("{% set m = -9223372036854775807 - 1 %}{{ m // -1 }}"),
+            "t.jinja:1: integer overflow in // (template integers are 64-bit)");
+  EXPECT_EQ(error_of("{% set m = -9223372036854775807 - 1 %}{{ -m }}"),
+            "t.jinja:1: integer overflow in unary - (template integers are 64-bit)");
+  // In range, Python's results: the largest integers, powers, remainders with the divisor's sign.
+  EXPECT_EQ(render("{{ 9223372036854775806 + 1 }}|{{ 2 ** 62 }}|{{ (-2) ** 63 }}|{{ 1 ** 9223372036854775807 }}", "{}"),
+            "9223372036854775807|4611686018427387904|-9223372036854775808|1");
+  EXPECT_EQ(render("{% set m = -9223372036854775807 - 1 %}{{ m % -1 }}|{{ 9223372036854775807 % -2 }}|{{ m % 3 }}", "{}"),
+            "0|-1|1");
+  EXPECT_EQ(render("{{ range(9223372036854775800, 9223372036854775807, 5) | list }}", "{}"),
+            "[9223372036854775800, 9223372036854775805]");
+}
+
+TEST(ChatTemplateBounds, StringsListsAndOutputAreBounded) {
+  EXPECT_EQ(error_of(R"({{ "x" * 2000000000 }})"), "t.jinja:1: string of 18446744073709551615 bytes is larger than the 16777216 a template may build");
+  EXPECT_EQ(error_of(R"({{ [1, 2] * 4611686018427387904 }})"), "t.jinja:1: list of 18446744073709551615 items is larger than the 1048576 a template may build");
+  const std::string doubling =
+      R"({% set ns = namespace(s="ab") %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }})";
+  EXPECT_NE(error_of(doubling).find("a template may build"), std::string::npos) << error_of(doubling);
+  const std::string output = R"({% for i in range(100000) %}{{ "y" * 200 }}{% endfor %})";
+  EXPECT_NE(error_of(output).find("a template may build"), std::string::npos) << error_of(output);
+  EXPECT_EQ(render(R"({{ ("ab" * 3) ~ "|" ~ ([0] * 3) | length ~ "|" ~ ("x" * -2) }})", "{}"), "ababab|3|");
+  // Each use of a variable copies its string: the bytes copied in all are bounded too.
+  EXPECT_EQ(error_of(R"({% set s = "x" * 10000000 %}{% for i in range(1000) %}{{ s | length }}{% endfor %})"),
+            "t.jinja:1: the template copied more than 256 MiB of strings");
+}
+
+// Namespaces are the one thing a template can change, so they are where a value could come to
+// hold itself; printing or comparing it would then never end, and it would never be freed.
+TEST(ChatTemplateBounds, NamespacesCannotHoldThemselves) {
+  EXPECT_EQ(error_of("{% set ns = namespace(s=1) %}{% set ns.S = ns %}"),
+            "t.jinja:1: cannot store a namespace inside itself ('ns.S')");
+  EXPECT_EQ(error_of("{% set ns = namespace() %}{% set l = [1, {'k': ns}] %}{% set ns.x = l %}"),
+            "t.jinja:1: cannot store a namespace inside itself ('ns.x')");
+  // Through a bound method the cycle is allowed, as in jinja2; the render frees it when it ends
+  // (the sanitize preset's leak checker holds this test to that).
+  EXPECT_EQ(render("{% set ns = namespace(n=2) %}{% set d = {'a': ns} %}{% set ns.f = d.get %}{{ ns.f('a').n }}", "{}"),
+            "2");
+  EXPECT_EQ(render("{% set a = namespace(v=1) %}{% set b = namespace(a=a) %}{% set a.v = 5 %}{{ b.a.v }}", "{}"), "5");
+}
+
+TEST(ChatTemplateBounds, NestingRecursionAndStepsAreBounded) {
+  EXPECT_EQ(error_of("{{ " + std::string(150, '(') + "1" + std::string(150, ')') + " }}"),
+            "t.jinja:1: the template nests deeper than 100 levels");
+  std::string blocks;
+  for (int i = 0; i < 150; ++i) blocks += "{% if 1 %}";
+  EXPECT_EQ(error_of(blocks), "t.jinja:1: the template nests deeper than 100 levels");
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 100000; ++i) chain += " ~ 1";
+  EXPECT_EQ(error_of(chain + " }}"), "t.jinja:1: expression nested deeper than 256 levels");
+  EXPECT_EQ(error_of("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"),
+            "t.jinja:1: maximum recursion depth exceeded (400 nested calls)");
+  EXPECT_EQ(error_of("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"),
+            "t.jinja:1: the template ran more than 1000000 statements and loop iterations");
+  // Recursion as real templates use it (nested tool schemas) stays well inside the bounds.
+  EXPECT_EQ(render("{% macro f(n) %}{% if n > 0 %}[{{ f(n - 1) }}]{% endif %}{% endmacro %}{{ f(20) }}", "{}"),
+            std::string(20, '[') + std::string(20, ']'));
+}
+
 }  // namespace
 }  // namespace kvpipe
