@@ -31,6 +31,14 @@ namespace {
 
 using ordered_json = nlohmann::ordered_json;
 
+// The option or job-file entry a request came from, as error messages name it.
+std::string request_source(const JobConfig& job, const GenerateOptions& o, int64_t id) {
+  if (!o.prompt_ids.empty()) return "--prompt-ids";
+  if (o.prompt_text) return "--prompt";
+  if (o.chat_text) return "--chat";
+  return request_who(job, static_cast<size_t>(id));
+}
+
 std::vector<Request> job_requests(const JobConfig& job, const GenerateOptions& o, const ModelText& text) {
   std::vector<RequestSpec> specs = job.requests;
   std::string from_command_line;
@@ -129,22 +137,19 @@ std::string dump_line(const ordered_json& j) {
 }
 
 // Rank 0: schedules, runs stage 0 (or the whole model), writes each result as it finishes.
-void run_coordinator(const GenerateOptions& o, const JobConfig& job, const JobPlan& plan,
-                     const ModelShard& shard, StepExecutor& executor, GenerateOutputs& outputs) {
+void run_coordinator(const JobConfig& job, const JobPlan& plan, const ModelText& text,
+                     const std::vector<Request>& requests, const ModelShard& shard, StepExecutor& executor,
+                     GenerateOutputs& outputs) {
   EngineOptions eo = engine_options(job, plan);
   eo.keep_logits = outputs.logprobs.has_value();
   eo.should_stop = [] { return stop_requested(); };
-  const ModelText text(job.model.path);
   const Tokenizer* tokenizer = text.tokenizer();
-  if (!tokenizer && !job.sampling.stop.empty())
-    throw std::invalid_argument("sampling.stop: the model " + job.model.path + " has no tokenizer to read text with");
   // The tokenizer's end-of-sequence tokens end a request too.
   ModelConfig model = plan.model;
   if (tokenizer)
     for (int64_t id : tokenizer->eos_ids())
       if (std::find(model.eos_token_ids.begin(), model.eos_token_ids.end(), id) == model.eos_token_ids.end())
         model.eos_token_ids.push_back(id);
-  const std::vector<Request> requests = job_requests(job, o, text);
   int64_t expected_tokens = 0;
   std::map<int64_t, TextStream> streams;
   for (const Request& r : requests) {
@@ -244,6 +249,14 @@ void generate(const GenerateOptions& o, World& world) {
     throw std::invalid_argument("--max-new-tokens: must be at least 1");
   const JobConfig job = load_job_config(o.config, o.overrides);
   const JobPlan plan = plan_job(job, world.size());
+  // Every rank reads the requests and refuses what the engine would (a token outside the
+  // vocabulary, a prompt as long as the context, more blocks than the pool), as validate
+  // does, before any weight loads.
+  const ModelText text(job.model.path);
+  if (!text.tokenizer() && !job.sampling.stop.empty())
+    throw std::invalid_argument("sampling.stop: the model " + job.model.path + " has no tokenizer to read text with");
+  const std::vector<Request> requests = job_requests(job, o, text);
+  for (const Request& r : requests) check_request(job, plan, r.prompt, r.max_new_tokens, request_source(job, o, r.id));
   // Rank 0 opens its files now, after the job is known to be valid (a bad job leaves them
   // untouched) and before anything loads.
   std::optional<GenerateOutputs> outputs;
@@ -254,7 +267,7 @@ void generate(const GenerateOptions& o, World& world) {
       outputs->logprobs = LineOutput::open_file(o.logprobs_out, "--logprobs-out", "log-probabilities");
   }
   const JobOutcome outcome = run_job(job, plan, world, nullptr, [&](CoordinatorContext& c) {
-    run_coordinator(o, c.job, c.plan, c.shard, c.executor, *outputs);
+    run_coordinator(c.job, c.plan, text, requests, c.shard, c.executor, *outputs);
   });
   for (size_t r = 0; r < outcome.times.size(); ++r) {
     const RankTimes& t = outcome.times[r];

@@ -7,7 +7,7 @@ with a request named as failed (non-finite numbers that only show at run time). 
 else -- another exit code, a signal, a hang, a Python-style traceback, a message of several
 lines, `internal error` -- is counted as `other` and listed.
 
-    python3 tests/tools/hostile_probe.py --kvpipe build/release/kvpipe [--models 300]
+    python3 tests/tools/hostile_probe.py --kvpipe build/release/launch/kvpipe [--models 300]
         [--configs 200] [--seed 1] [--timeout 20] [--jobs 2]
 
 Exit status: 0 when no probe ended as `other`, 1 otherwise. Deterministic for a seed.
