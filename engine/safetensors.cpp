@@ -178,9 +178,12 @@ std::map<std::string, std::string> parse_metadata(const std::string& path, const
   return metadata;
 }
 
-// Zero-byte tensors occupy no range, so they cannot overlap anything.
-void check_no_overlap(const std::string& path,
-                      const std::map<std::string, SafetensorsEntry>& entries) {
+// The tensors must tile the data section: no overlap, no gap, nothing after the last, as the
+// reference implementation (the `safetensors` crate's validate) requires. A header length off
+// by a few bytes would otherwise shift every tensor silently. Zero-byte tensors occupy no
+// range, so they may sit anywhere inside the section.
+void check_layout(const std::string& path, const std::map<std::string, SafetensorsEntry>& entries,
+                  uint64_t data_size) {
   std::vector<const std::pair<const std::string, SafetensorsEntry>*> ranges;
   for (const auto& item : entries) {
     if (item.second.end > item.second.begin) ranges.push_back(&item);
@@ -196,8 +199,16 @@ void check_no_overlap(const std::string& path,
       };
       fail(path, describe(furthest) + " and " + describe(range) + " overlap");
     }
+    const uint64_t covered = furthest == nullptr ? 0 : furthest->second.end;
+    if (range->second.begin > covered)
+      fail(path, "bytes [" + std::to_string(covered) + ", " + std::to_string(range->second.begin) +
+                     ") of the data section belong to no tensor");
     if (furthest == nullptr || range->second.end > furthest->second.end) furthest = range;
   }
+  const uint64_t covered = furthest == nullptr ? 0 : furthest->second.end;
+  if (covered != data_size)
+    fail(path, "the data section holds " + std::to_string(data_size) + " bytes but its tensors end at " +
+                   std::to_string(covered) + " (a wrong header length, or bytes appended)");
 }
 
 std::map<std::string, std::string> read_weight_map(const std::string& index_path) {
@@ -272,7 +283,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       entries_.emplace(name, parse_entry(path, name, spec, data_size));
     }
   }
-  check_no_overlap(path, entries_);
+  check_layout(path, entries_, data_size);
 }
 
 SafetensorsFile::~SafetensorsFile() = default;

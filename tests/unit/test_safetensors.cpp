@@ -206,9 +206,9 @@ TEST_F(SafetensorsRoundTrip, UnalignedDataSection) {
 TEST_F(SafetensorsRoundTrip, TrailingSpacesAndOtherDtypesInHeaderAreAccepted) {
   const std::string header = R"({"ids":{"dtype":"I64","shape":[2],"data_offsets":[0,16]},)"
                              R"("mask":{"dtype":"BOOL","shape":[2],"data_offsets":[16,18]},)"
-                             R"("x":{"dtype":"F32","shape":[1],"data_offsets":[20,24]}})"
+                             R"("x":{"dtype":"F32","shape":[1],"data_offsets":[18,22]}})"
                              "      ";
-  write_raw(path("o.safetensors"), header, std::string(20, '\0') + float_bytes({7.0f}));
+  write_raw(path("o.safetensors"), header, std::string(18, '\0') + float_bytes({7.0f}));
 
   SafetensorsFile file(path("o.safetensors"));
   EXPECT_EQ(file.entry("ids").dtype, "I64");
@@ -389,6 +389,27 @@ TEST_F(SafetensorsMalformed, OverlappingTensors) {
                  R"( "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
                  float_bytes({1, 2, 3}));
   EXPECT_TRUE(mentions(message, {"bad.safetensors", "'a'", "'b'", "overlap"}));
+}
+
+// The tensors tile the data section exactly, as the `safetensors` crate requires: a header
+// length a few bytes off (found by tests/tools/hostile_probe.py) would otherwise shift every
+// tensor by those bytes, silently.
+TEST_F(SafetensorsMalformed, DataSectionNotTiledByTheTensors) {
+  EXPECT_TRUE(mentions(open_error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},)"
+                                  R"( "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
+                                  float_bytes({1, 2, 3})),
+                       {"bad.safetensors", "bytes [4, 8) of the data section belong to no tensor"}));
+  EXPECT_TRUE(mentions(open_error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+                                  float_bytes({1, 2})),
+                       {"bad.safetensors", "bytes [0, 4) of the data section belong to no tensor"}));
+  EXPECT_TRUE(mentions(open_error(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})",
+                                  float_bytes({1, 2})),
+                       {"bad.safetensors", "the data section holds 8 bytes but its tensors end at 4"}));
+  // The header length one short: its last (padding) byte becomes the data section's first.
+  const std::string header = R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}} )";
+  write_raw(path("short.safetensors"), header, float_bytes({7.0f}), header.size() - 1);
+  EXPECT_TRUE(mentions(invalid_argument_message([&] { SafetensorsFile f(path("short.safetensors")); }),
+                       {"short.safetensors", "the data section holds 5 bytes but its tensors end at 4"}));
 }
 
 TEST_F(SafetensorsMalformed, ByteCountMismatch) {
