@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <iostream>
@@ -123,22 +124,31 @@ int run_subcommand(int argc, char** argv) {
           max_position = 0;
   double rope_theta = 0, rms_eps = 0;
   bool tie = false;
+  // 0 stands for "the preset's value" below, so a 0 (or less) given on the command line is refused.
+  const CLI::Validator positive(
+      [](std::string& value) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(value.c_str(), &end);
+        if (end != value.c_str() && *end == '\0' && v > 0) return {};
+        return "must be a number greater than 0 (leave the option out for the preset's value)";
+      },
+      "POSITIVE");
   auto* init_cmd = app.add_subcommand("init-model", "Write a random-weight model (HF layout or one GGUF file)");
   init_cmd->add_option("--out", init.out, "Output directory (hf) or file (gguf)")->required();
   init_cmd->add_option("--format", init.format, "hf (config.json + model.safetensors) or gguf (one file)")->check(CLI::IsMember({"hf", "gguf"}));
   init_cmd->add_option("--preset", preset, "Base shape: tiny or small")->check(CLI::IsMember({"tiny", "small"}));
   init_cmd->add_option("--architecture", architecture, "LlamaForCausalLM or Qwen2ForCausalLM")
       ->check(CLI::IsMember({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}));
-  init_cmd->add_option("--hidden", hidden, "Hidden size");
-  init_cmd->add_option("--layers", layers, "Decoder layers");
-  init_cmd->add_option("--heads", heads, "Attention heads");
-  init_cmd->add_option("--kv-heads", kv_heads, "Key/value heads");
-  init_cmd->add_option("--head-dim", head_dim, "Head dimension (default hidden / heads)");
-  init_cmd->add_option("--intermediate", intermediate, "MLP intermediate size");
-  init_cmd->add_option("--vocab", vocab, "Vocabulary size");
-  init_cmd->add_option("--max-position", max_position, "Context length");
-  init_cmd->add_option("--rope-theta", rope_theta, "RoPE base");
-  init_cmd->add_option("--rms-eps", rms_eps, "RMSNorm epsilon");
+  init_cmd->add_option("--hidden", hidden, "Hidden size")->check(positive);
+  init_cmd->add_option("--layers", layers, "Decoder layers")->check(positive);
+  init_cmd->add_option("--heads", heads, "Attention heads")->check(positive);
+  init_cmd->add_option("--kv-heads", kv_heads, "Key/value heads")->check(positive);
+  init_cmd->add_option("--head-dim", head_dim, "Head dimension (default hidden / heads)")->check(positive);
+  init_cmd->add_option("--intermediate", intermediate, "MLP intermediate size")->check(positive);
+  init_cmd->add_option("--vocab", vocab, "Vocabulary size")->check(positive);
+  init_cmd->add_option("--max-position", max_position, "Context length")->check(positive);
+  init_cmd->add_option("--rope-theta", rope_theta, "RoPE base")->check(positive);
+  init_cmd->add_option("--rms-eps", rms_eps, "RMSNorm epsilon")->check(positive);
   init_cmd->add_flag("--tie-embeddings", tie, "Share the embedding with the LM head");
   init_cmd->add_option("--dtype", init.dtype, "float32, float16 or bfloat16")
       ->check(CLI::IsMember({"float32", "float16", "bfloat16"}));

@@ -249,7 +249,7 @@ def config_probes(kvpipe, work, gguf, rng, count):
         ["generate", "--config", base, "--bogus-flag"],
         ["validate", "--config", base, "--ranks", "0"],
         ["validate", "--config", base, "--ranks", "-3"],
-        ["tokenize", "--config", base, "--text", "hi"],
+        ["tokenize", "--config", base],
         ["bench", "--config", base, "--out", "/dev/null/x"],
         ["init-model", "--out", os.path.join(work, "im"), "--layers", "-1"],
         ["init-model", "--out", os.path.join(work, "im2"), "--vocab", "0"],

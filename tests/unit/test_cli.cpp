@@ -179,6 +179,13 @@ TEST_F(CliTest, BadCommandLines) {
   std::string long_prompt = "0";
   for (int i = 1; i < 300; ++i) long_prompt += ",1";
   expect_bad_input(kvpipe("generate --config " + job.string() + " --prompt-ids " + long_prompt), {"context"});
+  // init-model's sizes: 0 would silently mean "the preset's value".
+  for (const std::string option : {"--vocab 0", "--layers -2", "--hidden 0", "--rms-eps 0", "--heads abc"}) {
+    SCOPED_TRACE(option);
+    expect_bad_input(kvpipe("init-model --out " + (dir_ / "sized").string() + " " + option),
+                     {option.substr(0, option.find(' ')), "greater than 0"});
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "sized"));
 }
 
 // Text in and out on an init-model model (its byte-level BPE tokenizer): `tokenize` gives the
