@@ -195,6 +195,28 @@ TEST_P(QuantMatmul, RowResultsDoNotDependOnTheBatch) {
   }
 }
 
+// The path follows from the input count alone, never from a timing: the paths round
+// differently, so a clock-made choice let a loaded machine change a job's tokens.
+TEST_P(QuantMatmul, PathIsChosenByInputCountAlone) {
+  const QuantType type = GetParam();
+  const int64_t cols = 256, rows = 48;
+  const std::vector<uint8_t> w = random_rows(type, rows, cols, 13);
+  std::mt19937 gen(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const int64_t n : {1, 4, 9, 17, 64, 65, 130}) {
+    std::vector<float> x(static_cast<size_t>(n * cols));
+    for (auto& v : x) v = normal(gen);
+    const MatmulPath expected = n <= 64 ? MatmulPath::kKernel : MatmulPath::kBlas;
+    std::vector<float> want(static_cast<size_t>(n * rows)), got(want.size());
+    quant_matmul_on(expected, x.data(), n, cols, type, w.data(), rows, cols, want.data(), rows);
+    for (int repeat = 0; repeat < 3; ++repeat) {
+      quant_matmul(x.data(), n, cols, type, w.data(), rows, cols, got.data(), rows);
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)))
+          << quant_name(type) << " n=" << n << " did not take the " << matmul_path_name(expected) << " path";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, QuantMatmul,
                          ::testing::Values(QuantType::F32, QuantType::F16, QuantType::BF16, QuantType::Q8_0,
                                            QuantType::Q4_0, QuantType::Q4_1, QuantType::Q4_K, QuantType::Q5_K,

@@ -5,14 +5,10 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
-#include <map>
 #include <mutex>
 #include <stdexcept>
-#include <tuple>
 #include <vector>
 
 extern "C" void openblas_set_num_threads(int);
@@ -127,22 +123,12 @@ void run_blas(const float* x, int64_t n, int64_t ldx, const Activations& a, Quan
   });
 }
 
-using ShapeKey = std::tuple<int, int64_t, int64_t, int64_t>;
-
-int64_t bucket(int64_t n) {
-  int64_t b = 1;
-  while (b < n) b <<= 1;
-  return b;
-}
-
-std::mutex g_paths_mutex;
-std::map<ShapeKey, MatmulPath> g_paths;
-
-double seconds_of(const std::function<void()>& fn) {
-  const auto t0 = std::chrono::steady_clock::now();
-  fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
+// Inputs up to which the kernels serve a product; BLAS beyond. A fixed rule, not a timing:
+// the two paths round differently, and a choice made by the clock would make a job's tokens
+// depend on how busy the machine was. The kernels are built for decode batches (a batch of
+// up to 64 reads the weights about once); longer inputs are prefill, where sgemm's blocking
+// wins.
+constexpr int64_t kMaxKernelBatch = 64;
 
 }  // namespace
 
@@ -157,28 +143,9 @@ void quant_matmul(const float* x, int64_t n, int64_t ldx, QuantType type, const 
   Activations a;
   prepare_activations(x, n, ldx, type, cols, a);
   const Forced forced = forced_path();
-  if (n <= kMaxKernelInputs || forced == Forced::kKernel) return run_kernels(a, n, type, w, rows, cols, y, ldy);
-  if (forced == Forced::kBlas) return run_blas(x, n, ldx, a, type, w, rows, cols, y, ldy);
-  const ShapeKey key{static_cast<int>(type), rows, cols, bucket(n)};
-  {
-    std::lock_guard<std::mutex> lock(g_paths_mutex);
-    const auto it = g_paths.find(key);
-    if (it != g_paths.end()) {
-      if (it->second == MatmulPath::kKernel) return run_kernels(a, n, type, w, rows, cols, y, ldy);
-      return run_blas(x, n, ldx, a, type, w, rows, cols, y, ldy);
-    }
-  }
-  // First product of this shape: both ways on a sample of the rows (an eighth, at least 64:
-  // a full second product would cost prefill's first layer several times its own time), then
-  // every row the faster way, so that all rows of the result come from one path.
-  const int64_t sample = std::min(rows, std::max<int64_t>(64, rows / 8 / 16 * 16));
-  const double t_kernel = seconds_of([&] { run_kernels(a, n, type, w, sample, cols, y, ldy); });
-  const double t_blas = seconds_of([&] { run_blas(x, n, ldx, a, type, w, sample, cols, y, ldy); });
-  const MatmulPath path = t_kernel <= t_blas ? MatmulPath::kKernel : MatmulPath::kBlas;
-  if (path == MatmulPath::kKernel) run_kernels(a, n, type, w, rows, cols, y, ldy);
-  else run_blas(x, n, ldx, a, type, w, rows, cols, y, ldy);
-  std::lock_guard<std::mutex> lock(g_paths_mutex);
-  g_paths.emplace(key, path);
+  const bool kernels = forced == Forced::kAuto ? n <= kMaxKernelBatch : forced == Forced::kKernel;
+  if (kernels) return run_kernels(a, n, type, w, rows, cols, y, ldy);
+  run_blas(x, n, ldx, a, type, w, rows, cols, y, ldy);
 }
 
 void quant_matmul_on(MatmulPath path, const float* x, int64_t n, int64_t ldx, QuantType type, const uint8_t* w,

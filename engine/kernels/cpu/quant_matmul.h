@@ -8,9 +8,9 @@
 //     inputs, so that a batch of up to 64 reads the weights from memory about once;
 //   - BLAS (single-threaded sgemm on each thread's slice of rows, after dequantising a tile of
 //     rows into a scratch buffer): what prefill's long inputs want.
-// Which one serves a shape is measured, not assumed: the first product of each (type, rows,
-// cols, input-count bucket) times both on a sample of its rows and keeps the faster (KVPIPE_CPU_MATMUL=kernel|blas
-// pins one). Up to kMaxKernelInputs inputs always take the kernels.
+// Which one serves a product follows from its input count alone (the kernels up to 64 inputs,
+// BLAS beyond; KVPIPE_CPU_MATMUL=kernel|blas pins one), so that the same job gives the same
+// numbers however busy the machine is.
 #pragma once
 
 #include "engine/kernels/cpu/quant_types.h"
