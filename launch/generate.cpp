@@ -31,15 +31,10 @@ namespace {
 
 using ordered_json = nlohmann::ordered_json;
 
-// The option or job-file entry a request came from, as error messages name it.
-std::string request_source(const JobConfig& job, const GenerateOptions& o, int64_t id) {
-  if (!o.prompt_ids.empty()) return "--prompt-ids";
-  if (o.prompt_text) return "--prompt";
-  if (o.chat_text) return "--chat";
-  return request_who(job, static_cast<size_t>(id));
-}
-
-std::vector<Request> job_requests(const JobConfig& job, const GenerateOptions& o, const ModelText& text) {
+// The job's requests (or the one of --prompt-ids, --prompt, --chat), each refused as validate
+// refuses it (check_request) and named by its option or job-file entry.
+std::vector<Request> job_requests(const JobConfig& job, const JobPlan& plan, const GenerateOptions& o,
+                                  const ModelText& text) {
   std::vector<RequestSpec> specs = job.requests;
   std::string from_command_line;
   RequestSpec one;
@@ -59,7 +54,7 @@ std::vector<Request> job_requests(const JobConfig& job, const GenerateOptions& o
     throw std::invalid_argument(job.source + ": no requests (add `requests:` or pass --prompt-ids, --prompt or --chat)");
   std::vector<Request> out;
   for (size_t i = 0; i < specs.size(); ++i) {
-    const std::string who = from_command_line.empty() ? "requests[" + std::to_string(i) + "]" : from_command_line;
+    const std::string who = from_command_line.empty() ? request_who(job, i) : from_command_line;
     Request r;
     r.id = static_cast<int64_t>(i);
     r.prompt = text.prompt_ids(specs[i], who);
@@ -68,6 +63,7 @@ std::vector<Request> job_requests(const JobConfig& job, const GenerateOptions& o
     r.sampling = SamplingParams{job.sampling.temperature, job.sampling.top_k, job.sampling.top_p,
                                 job.sampling.seed};
     r.ignore_eos = job.sampling.ignore_eos;
+    check_request(job, plan, r.prompt, r.max_new_tokens, who);
     out.push_back(std::move(r));
   }
   return out;
@@ -255,8 +251,7 @@ void generate(const GenerateOptions& o, World& world) {
   const ModelText text(job.model.path);
   if (!text.tokenizer() && !job.sampling.stop.empty())
     throw std::invalid_argument("sampling.stop: the model " + job.model.path + " has no tokenizer to read text with");
-  const std::vector<Request> requests = job_requests(job, o, text);
-  for (const Request& r : requests) check_request(job, plan, r.prompt, r.max_new_tokens, request_source(job, o, r.id));
+  const std::vector<Request> requests = job_requests(job, plan, o, text);
   // Rank 0 opens its files now, after the job is known to be valid (a bad job leaves them
   // untouched) and before anything loads.
   std::optional<GenerateOutputs> outputs;

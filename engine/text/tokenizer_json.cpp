@@ -1,6 +1,7 @@
 #include "engine/text/tokenizer_json.h"
 
 #include "engine/mapped_file.h"
+#include "engine/model_config.h"
 
 #include "engine/text/bpe_model.h"
 #include "engine/text/pre_tokenizer.h"
@@ -39,11 +40,11 @@ struct Where {
   }
 };
 
-// Ids index dense tables; model configs bound the vocabulary at 2^24 as well.
-constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
-const char* const kNotATokenId = "is not a token id (an integer in [0, 16777215])";
+// Ids index dense tables: bounded by the vocabulary a model config may declare.
+const std::string kNotATokenId =
+    "is not a token id (an integer in [0, " + std::to_string(kMaxModelVocab - 1) + "])";
 bool is_token_id(const nlohmann::json& id) {
-  return id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() <= kMaxTokenId;
+  return id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < kMaxModelVocab;
 }
 
 const json& member(const json& j, const char* key, const Where& w, const std::string& path) {
