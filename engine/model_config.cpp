@@ -264,17 +264,22 @@ ModelConfig preset_config(const std::string& name) {
   } else if (name == "small") {
     c.vocab_size = 8192, c.hidden_size = 1024, c.num_layers = 8, c.num_heads = 16, c.num_kv_heads = 8;
     c.intermediate_size = 2816, c.max_position = 4096;
+  } else if (name == "llama3-8b") {
+    // Meta-Llama-3-8B's shape (its config.json), for GPU benchmarks without the weights.
+    c.vocab_size = 128256, c.hidden_size = 4096, c.num_layers = 32, c.num_heads = 32, c.num_kv_heads = 8;
+    c.intermediate_size = 14336, c.max_position = 8192;
   } else {
-    throw std::invalid_argument("unknown preset '" + name + "' (known: tiny, small)");
+    throw std::invalid_argument("unknown preset '" + name + "' (known: tiny, small, llama3-8b)");
   }
   c.head_dim = c.hidden_size / c.num_heads;
-  c.rope_theta = 10000.0;
+  const bool llama3 = name == "llama3-8b";
+  c.rope_theta = llama3 ? 500000.0 : 10000.0;
   c.rms_eps = 1e-5;
-  c.bos_token_id = 1;
-  c.eos_token_ids = {2};
+  c.bos_token_id = llama3 ? 128000 : 1;
+  c.eos_token_ids = llama3 ? std::vector<int64_t>{128001} : std::vector<int64_t>{2};
   return c;
 }
 
-std::vector<std::string> preset_names() { return {"tiny", "small"}; }
+std::vector<std::string> preset_names() { return {"tiny", "small", "llama3-8b"}; }
 
 }  // namespace kvpipe

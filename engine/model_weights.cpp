@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 
 namespace kvpipe {
@@ -85,9 +86,18 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> hf_tensor_layout(const
 }
 
 at::Tensor random_tensor(const std::string& name, const std::vector<int64_t>& shape, uint64_t seed,
-                         double std) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(stable_hash(name, seed));
-  at::Tensor t = at::normal(0.0, std, shape, gen, at::TensorOptions().dtype(at::kFloat));
+                         double std, at::Device device) {
+  at::Tensor t;
+  if (device.is_cpu()) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(stable_hash(name, seed));
+    t = at::normal(0.0, std, shape, gen, at::TensorOptions().dtype(at::kFloat));
+  } else {
+    // The device's default generator, reseeded per tensor: its draw depends on the seed alone.
+    at::Generator gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(stable_hash(name, seed));
+    t = at::normal(0.0, std, shape, gen, at::TensorOptions().dtype(at::kFloat).device(device));
+  }
   if (is_norm(name)) t.add_(1.0);
   return t;
 }
@@ -114,18 +124,21 @@ namespace {
 using MatrixSource = std::function<WeightMatrix(const std::string&, const std::vector<int64_t>&)>;
 
 ModelWeights build_weights(const ModelConfig& cfg, const WeightSelection& sel, at::ScalarType dtype,
-                           const TensorSource& source, const MatrixSource& matrix_source) {
+                           at::Device device, const TensorSource& source, const MatrixSource& matrix_source) {
   if (sel.layers.begin < 0 || sel.layers.end > cfg.num_layers || sel.layers.begin > sel.layers.end)
     throw std::invalid_argument("layer range [" + std::to_string(sel.layers.begin) + ", " +
                                 std::to_string(sel.layers.end) + ") is outside the model's " +
                                 std::to_string(cfg.num_layers) + " layers");
   auto get = [&](const std::string& name, std::vector<int64_t> shape) {
-    return source(name, shape).to(dtype).contiguous();
+    return source(name, shape).to(device, dtype).contiguous();
   };
-  // A float32 run keeps float16/bfloat16 and block matrices as stored; a 16-bit run converts
-  // float matrices to its dtype (LibTorch's 16-bit products), blocks stay blocks.
+  // On the CPU a float32 run keeps float16/bfloat16 and block matrices as stored; a 16-bit
+  // run converts float matrices to its dtype (LibTorch's 16-bit products), blocks stay
+  // blocks. On a GPU each matrix becomes one dense dtype tensor there, one at a time, so the
+  // host holds at most one dequantised matrix.
   auto matrix = [&](const std::string& name, std::vector<int64_t> shape) {
     WeightMatrix m = matrix_source(name, shape);
+    if (!device.is_cpu()) return WeightMatrix::from_tensor(m.dequantize(dtype).to(device));
     return dtype == at::kFloat ? m : m.with_float_dtype(dtype);
   };
   const int64_t h = cfg.hidden_size, q = cfg.num_heads * cfg.head_dim,
@@ -134,6 +147,7 @@ ModelWeights build_weights(const ModelConfig& cfg, const WeightSelection& sel, a
   w.config = cfg;
   w.layers = sel.layers;
   w.dtype = dtype;
+  w.device = device;
   if (sel.embedding || (sel.head && cfg.tie_embeddings))
     w.embedding = matrix("model.embed_tokens.weight", {cfg.vocab_size, h});
   if (sel.head) {
@@ -164,22 +178,45 @@ ModelWeights build_weights(const ModelConfig& cfg, const WeightSelection& sel, a
 }  // namespace
 
 ModelWeights random_weights(const ModelConfig& cfg, const WeightSelection& sel, uint64_t seed,
-                            double std, at::ScalarType dtype) {
-  const TensorSource source = [seed, std](const std::string& name, const std::vector<int64_t>& shape) {
-    return random_tensor(name, shape, seed, std);
+                            double std, at::ScalarType dtype, at::Device device) {
+  const TensorSource source = [seed, std, device](const std::string& name, const std::vector<int64_t>& shape) {
+    return random_tensor(name, shape, seed, std, device);
   };
-  return build_weights(cfg, sel, dtype, source, [&](const std::string& name, const std::vector<int64_t>& shape) {
-    return WeightMatrix::from_tensor(source(name, shape).to(dtype));
-  });
+  return build_weights(cfg, sel, dtype, device, source,
+                       [&](const std::string& name, const std::vector<int64_t>& shape) {
+                         return WeightMatrix::from_tensor(source(name, shape).to(dtype));
+                       });
 }
 
-StoredWeightBytes stored_weight_bytes(const std::string& path, const ModelConfig& cfg, at::ScalarType dtype) {
+ModelWeights move_weights(const ModelWeights& from, at::Device device, at::ScalarType dtype) {
+  auto tensor = [&](const at::Tensor& t) { return t.defined() ? t.to(device, dtype).contiguous() : t; };
+  auto matrix = [&](const WeightMatrix& m) {
+    return m.defined() ? WeightMatrix::from_tensor(m.dequantize(dtype).to(device)) : m;
+  };
+  ModelWeights w;
+  w.config = from.config;
+  w.layers = from.layers;
+  w.dtype = dtype;
+  w.device = device;
+  w.embedding = matrix(from.embedding);
+  w.final_norm = tensor(from.final_norm);
+  const bool tied = from.lm_head.defined() && from.embedding.defined() &&
+                    from.lm_head.storage_id() == from.embedding.storage_id();
+  w.lm_head = tied ? w.embedding : matrix(from.lm_head);
+  for (const LayerWeights& l : from.layer)
+    w.layer.push_back({tensor(l.input_norm), matrix(l.qkv), tensor(l.qkv_bias), matrix(l.o), tensor(l.post_norm),
+                       matrix(l.gate_up), matrix(l.down)});
+  return w;
+}
+
+StoredWeightBytes stored_weight_bytes(const std::string& path, const ModelConfig& cfg, at::ScalarType dtype,
+                                      bool dense) {
   const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
   StoredWeightBytes b;
   b.per_layer = cfg.layer_params() * elem;
   b.embedding = cfg.embedding_params() * elem;
   b.head = (cfg.tie_embeddings ? 0 : cfg.embedding_params() * elem) + cfg.hidden_size * elem;
-  if (path.rfind(kDummyPrefix, 0) == 0) return b;
+  if (dense || path.rfind(kDummyPrefix, 0) == 0) return b;
   if (!is_gguf_path(path)) {
     // Safetensors matrices keep their 16-bit dtype in a float32 run (vectors are converted).
     if (dtype != at::kFloat) return b;
@@ -222,12 +259,12 @@ StoredWeightBytes stored_weight_bytes(const std::string& path, const ModelConfig
 }
 
 ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,
-                          const WeightSelection& sel, at::ScalarType dtype) {
-  if (path.rfind(kDummyPrefix, 0) == 0) return random_weights(cfg, sel, 0, kDefaultInitStd, dtype);
+                          const WeightSelection& sel, at::ScalarType dtype, at::Device device) {
+  if (path.rfind(kDummyPrefix, 0) == 0) return random_weights(cfg, sel, 0, kDefaultInitStd, dtype, device);
   if (is_gguf_path(path)) {
     auto file = std::make_shared<GgufFile>(path);
     return build_weights(
-        cfg, sel, dtype,
+        cfg, sel, dtype, device,
         [file, cfg](const std::string& name, const std::vector<int64_t>& shape) {
           return load_gguf_tensor(*file, cfg, name, shape);
         },
@@ -244,7 +281,7 @@ ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,
                                   c10::str(at::IntArrayRef(shape)));
   };
   return build_weights(
-      cfg, sel, dtype,
+      cfg, sel, dtype, device,
       [files, check_shape, dtype](const std::string& name, const std::vector<int64_t>& shape) {
         check_shape(name, shape);
         return files->load(name, dtype);

@@ -44,6 +44,7 @@ struct ModelWeights {
   ModelConfig config;
   LayerRange layers;
   at::ScalarType dtype = c10::ScalarType::Float;  // of activations, norms and the KV cache
+  at::Device device = at::kCPU;                    // where every tensor of the shard lives
   WeightMatrix embedding;  // [vocab, hidden], defined on the first stage
   at::Tensor final_norm;   // [hidden], defined on the last stage
   WeightMatrix lm_head;    // [vocab, hidden], defined on the last stage (the embedding when tied)
@@ -61,22 +62,33 @@ struct WeightSelection {
 // The HF tensor names of a model, in the order init-model writes them, with their shapes.
 std::vector<std::pair<std::string, std::vector<int64_t>>> hf_tensor_layout(const ModelConfig& cfg);
 
-// Random float32 tensor for `name`, a pure function of (seed, name, shape, std):
-// norms are 1 + N(0, std), everything else N(0, std).
+// Random float32 tensor for `name`, a pure function of (seed, name, shape, std, device type):
+// norms are 1 + N(0, std), everything else N(0, std). On a GPU the tensor is drawn there
+// (a CPU draw of an 8B model takes a minute), from the device's generator, so its values
+// differ from the CPU's for the same seed; every rank on a GPU still draws the same values.
 at::Tensor random_tensor(const std::string& name, const std::vector<int64_t>& shape, uint64_t seed,
-                         double std);
+                         double std, at::Device device = at::kCPU);
 
 // Resolves model.path: a directory with config.json, a GGUF file (*.gguf), or "dummy:<preset>".
 ModelConfig load_model_config(const std::string& path);
 
 // The selected tensors of a random model, as `init-model --seed seed --std std` writes it.
 ModelWeights random_weights(const ModelConfig& cfg, const WeightSelection& selection, uint64_t seed,
-                            double std, at::ScalarType dtype);
+                            double std, at::ScalarType dtype, at::Device device = at::kCPU);
 
-// Loads the selected tensors of the model at `path` as `dtype` (dummy models use seed 0 and
-// std 0.02, as `init-model` does by default).
+// The same weights as `dtype` on `device`, every matrix one dense tensor (as load_weights
+// places a GPU's): tests compare devices on equal weights, which a GPU's own draw of random
+// weights would not give.
+ModelWeights move_weights(const ModelWeights& weights, at::Device device, at::ScalarType dtype);
+
+// Loads the selected tensors of the model at `path` as `dtype` onto `device` (dummy models
+// use seed 0 and std 0.02, as `init-model` does by default). On the CPU, matrices keep their
+// stored type (see above); on a GPU every matrix becomes one dense `dtype` tensor there
+// (quantised blocks are dequantised once at load: kvpipe has no GPU block kernels yet), so
+// projections are cuBLAS products.
 ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,
-                          const WeightSelection& selection, at::ScalarType dtype);
+                          const WeightSelection& selection, at::ScalarType dtype,
+                          at::Device device = at::kCPU);
 
 // What a stage's weights take in memory as loaded for a run in `dtype`: per decoder layer
 // (the mean over the model's layers: quantised files mix types per layer), the embedding
@@ -87,7 +99,9 @@ struct StoredWeightBytes {
   int64_t embedding = 0;
   int64_t head = 0;
 };
-StoredWeightBytes stored_weight_bytes(const std::string& path, const ModelConfig& cfg, at::ScalarType dtype);
+// `dense`: the weights as a GPU holds them (every matrix in `dtype`), not as stored.
+StoredWeightBytes stored_weight_bytes(const std::string& path, const ModelConfig& cfg, at::ScalarType dtype,
+                                      bool dense = false);
 
 // "float32" | "float16" | "bfloat16"; std::invalid_argument naming `what` otherwise.
 at::ScalarType parse_dtype(const std::string& name, const std::string& what);

@@ -123,6 +123,12 @@ at::Tensor WeightMatrix::matmul(const at::Tensor& x, const at::Tensor& bias) con
 }
 
 at::Tensor WeightMatrix::gather_rows(const at::Tensor& ids, at::ScalarType dtype) const {
+  if (parts_.empty()) throw std::invalid_argument("WeightMatrix::gather_rows: no weights");
+  if (!parts_[0].data.is_cpu()) {
+    // Device matrices are one dense part (load_weights); the ids follow them there.
+    const at::Tensor& data = parts_[0].data;
+    return data.index_select(0, ids.to(data.device(), at::kLong)).to(dtype);
+  }
   const at::Tensor idx = ids.to(at::kCPU).to(at::kLong).contiguous();
   const int64_t k = idx.numel();
   const int64_t* id = idx.data_ptr<int64_t>();
