@@ -10,9 +10,38 @@
 
 namespace kvpipe {
 
-StepOutput sample_batch(const StepBatch& batch, const at::Tensor& logits) {
+namespace {
+
+bool all_greedy(const StepBatch& batch) {
+  for (const SeqStep& s : batch.seqs)
+    if (s.sample && s.sampling.temperature > 0.0) return false;
+  return true;
+}
+
+// Greedy rows on the device: the argmax (the lowest id among equal maxima, as on the host)
+// and whether the row can be sampled at all, so that only S ids cross to the host.
+StepOutput sample_greedy_on_device(const StepBatch& batch, const at::Tensor& logits) {
+  const at::Tensor unusable = (at::isnan(logits) | at::isposinf(logits)).any(1) | at::isneginf(logits).all(1);
+  const at::Tensor ids = at::where(unusable, at::full({}, kNonFiniteToken, logits.options().dtype(at::kLong)),
+                                   logits.argmax(1));
+  const at::Tensor host = ids.to(at::kCPU);
+  const int64_t* id = host.data_ptr<int64_t>();
   StepOutput out;
-  const at::Tensor l = logits.contiguous();
+  int64_t row = 0;
+  for (const SeqStep& s : batch.seqs) {
+    if (!s.sample) continue;
+    out.request_ids.push_back(s.request_id);
+    out.tokens.push_back(id[row++]);
+  }
+  return out;
+}
+
+}  // namespace
+
+StepOutput sample_batch(const StepBatch& batch, const at::Tensor& logits) {
+  if (!logits.is_cpu() && !batch.want_logits && all_greedy(batch)) return sample_greedy_on_device(batch, logits);
+  StepOutput out;
+  const at::Tensor l = logits.to(at::kCPU).contiguous();
   const int64_t vocab = l.size(1);
   const float* base = l.data_ptr<float>();
   int64_t row = 0;
@@ -28,9 +57,9 @@ StepOutput sample_batch(const StepBatch& batch, const at::Tensor& logits) {
 
 StageResult run_stage(const ModelShard& shard, BlockPool& pool, const StepBatch& batch,
                       const at::Tensor& hidden) {
-  const StepContext ctx = make_step_context(batch, pool.block_size());
-  const at::Tensor input =
-      shard.has_embedding() ? shard.embed(at::tensor(batch.token_ids, at::kLong)) : hidden;
+  const StepContext ctx = make_step_context(batch, pool.block_size(), shard.device());
+  const at::Tensor input = shard.has_embedding() ? shard.embed(at::tensor(batch.token_ids, at::kLong))
+                                                 : hidden.to(shard.device());
   StageResult r;
   r.hidden = shard.forward(input, batch, ctx, pool);
   if (shard.has_head()) r.output = sample_batch(batch, shard.logits(r.hidden.index_select(0, ctx.sample_rows)));

@@ -31,7 +31,9 @@ class StepExecutor {
   virtual StepOutput wait() = 0;
 };
 
-// Samples every row of `logits` ([S, vocab], one per sampled sequence of `batch`).
+// Samples every row of `logits` ([S, vocab], one per sampled sequence of `batch`). Logits on a
+// GPU stay there when every row is greedy and none is wanted back (only the ids cross);
+// otherwise they come to the host, where the sampler runs.
 StepOutput sample_batch(const StepBatch& batch, const at::Tensor& logits);
 
 // The whole model on this rank. `trace` (optional) gets a compute span per micro-batch.

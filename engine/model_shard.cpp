@@ -10,7 +10,11 @@ namespace kvpipe {
 ModelShard::ModelShard(ModelWeights weights, int64_t first_cached_layer)
     : weights_(std::move(weights)), first_cached_layer_(first_cached_layer) {
   const ModelConfig& c = weights_.config;
-  rope_ = make_rope_tables(c.max_position, c.head_dim, c.rope_theta, at::kFloat);
+  // In the compute dtype, as transformers casts cos and sin to the activations' dtype: a
+  // float32 table would promote 16-bit queries and keys to float32.
+  rope_ = make_rope_tables(c.max_position, c.head_dim, c.rope_theta, weights_.dtype);
+  if (!weights_.device.is_cpu()) rope_ = {rope_.cos.to(weights_.device), rope_.sin.to(weights_.device)};
+  attention_path_ = attention_path_from_env();
 }
 
 KvShape ModelShard::kv_shape(int64_t block_size, KvDtype dtype) const {
@@ -50,6 +54,17 @@ at::Tensor ModelShard::attention_block(const at::Tensor& x, int64_t local, const
   pool.write(pool_layer, ctx.slots, k, v);
 
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  const AttentionPath path = choose_attention_path(q, pool, batch, ctx, attention_path_);
+  ++attention_calls_[static_cast<size_t>(path)];
+  switch (path) {
+    case AttentionPath::kPagedDecode:
+      return w.o.matmul(paged_decode(q, pool, pool_layer, ctx, scale));
+    case AttentionPath::kVarlen:
+      return w.o.matmul(varlen_causal_attention(q, pool.gather_keys(pool_layer, ctx.key_slots),
+                                                pool.gather_values(pool_layer, ctx.key_slots), ctx, scale));
+    case AttentionPath::kPerSequence:
+      break;
+  }
   const AttentionWindow window{batch.window_sinks, batch.window_recent};
   std::vector<at::Tensor> outs;
   outs.reserve(batch.seqs.size());

@@ -9,14 +9,21 @@
 // token of each sequence at every step (the batch then carries full sequences); the rows of
 // the new tokens alone go on into the first cached layer. The pool holds only the shard's
 // cached layers.
+//
+// The shard computes where its weights live (ModelWeights::device): the StepContext and the
+// pool must be on that device too.
 #pragma once
 
 #include "cache/block_pool.h"
+#include "engine/attention_backend.h"
 #include "engine/layers.h"
 #include "engine/model_weights.h"
 #include "engine/step_batch.h"
 
 #include <ATen/Tensor.h>
+
+#include <array>
+#include <optional>
 
 namespace kvpipe {
 
@@ -27,6 +34,7 @@ class ModelShard {
   const ModelConfig& config() const { return weights_.config; }
   const LayerRange& layers() const { return weights_.layers; }
   const ModelWeights& weights() const { return weights_; }
+  at::Device device() const { return weights_.device; }
   bool has_embedding() const { return weights_.embedding.defined(); }
   bool has_head() const { return weights_.lm_head.defined(); }
 
@@ -43,6 +51,12 @@ class ModelShard {
   KvShape kv_shape(int64_t block_size, KvDtype dtype = KvDtype::kFloat32) const;
   int64_t num_cached_layers() const;
 
+  // The attention path every step should take where it can (engine/attention_backend.h);
+  // unset: the fastest each step allows. Starts as KVPIPE_ATTENTION says.
+  void set_attention_path(std::optional<AttentionPath> path) { attention_path_ = path; }
+  // Cached layers' attention computed by `path` so far (tests check which path steps took).
+  int64_t attention_calls(AttentionPath path) const { return attention_calls_[static_cast<size_t>(path)]; }
+
  private:
   at::Tensor attention_block(const at::Tensor& x, int64_t local_layer, const StepBatch& batch,
                              const StepContext& ctx, BlockPool& pool) const;
@@ -52,6 +66,8 @@ class ModelShard {
   ModelWeights weights_;
   int64_t first_cached_layer_ = 0;
   RopeTables rope_;
+  std::optional<AttentionPath> attention_path_;
+  mutable std::array<int64_t, 3> attention_calls_{};
 };
 
 }  // namespace kvpipe

@@ -74,7 +74,7 @@ void run_stage_worker(const ModelShard& shard, BlockPool& pool, PipelineChannel&
     StageResult r;
     {
       const ScopedSpan span(channel.trace(), SpanKind::kCompute, micro_batch);
-      r = run_stage(shard, pool, batch, m.tensor.to(at::kCPU));
+      r = run_stage(shard, pool, batch, m.tensor);
     }
     if (!last) {
       channel.send(rank + 1, m.header, r.hidden);

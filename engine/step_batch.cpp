@@ -8,7 +8,9 @@
 
 namespace kvpipe {
 
-StepContext make_step_context(const StepBatch& batch, int64_t block_size) {
+namespace {
+
+StepContext make_host_step_context(const StepBatch& batch, int64_t block_size) {
   int64_t T = 0, full_total = 0;
   for (const SeqStep& s : batch.seqs) {
     T += s.num_new;
@@ -67,6 +69,60 @@ StepContext make_step_context(const StepBatch& batch, int64_t block_size) {
     ctx.full_positions = at::tensor(full_positions, at::kLong);
     ctx.new_rows = at::tensor(new_rows, at::kLong);
   }
+  const int64_t S = static_cast<int64_t>(batch.seqs.size());
+  std::vector<int32_t> cu_q(S + 1, 0), cu_k(S + 1, 0), lens(S);
+  int64_t max_blocks = 0;
+  ctx.decode_only = S > 0;
+  for (int64_t i = 0; i < S; ++i) {
+    const SeqStep& s = batch.seqs[i];
+    const int64_t keys = ctx.seq_slots[i].numel();
+    cu_q[i + 1] = static_cast<int32_t>(cu_q[i] + s.num_new);
+    cu_k[i + 1] = static_cast<int32_t>(cu_k[i] + keys);
+    lens[i] = static_cast<int32_t>(s.context_len + s.num_new);
+    ctx.max_seqlen_q = std::max(ctx.max_seqlen_q, s.num_new);
+    ctx.max_seqlen_k = std::max(ctx.max_seqlen_k, keys);
+    max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(s.block_table.size()));
+    ctx.decode_only = ctx.decode_only && s.num_new == 1;
+  }
+  ctx.key_slots = S == 0 ? at::empty({0}, at::kLong) : at::cat(ctx.seq_slots);
+  ctx.cu_seqlens_q = at::tensor(cu_q, at::kInt);
+  ctx.cu_seqlens_k = at::tensor(cu_k, at::kInt);
+  ctx.context_lens = at::tensor(lens, at::kInt);
+  ctx.block_tables = at::full({S, max_blocks}, -1, at::kInt);
+  for (int64_t i = 0; i < S; ++i) {
+    const auto& table = batch.seqs[i].block_table;
+    if (!table.empty())
+      std::memcpy(ctx.block_tables[i].data_ptr<int32_t>(), table.data(), table.size() * sizeof(int32_t));
+  }
+  return ctx;
+}
+
+}  // namespace
+
+StepContext make_step_context(const StepBatch& batch, int64_t block_size, at::Device device) {
+  StepContext ctx = make_host_step_context(batch, block_size);
+  if (device.is_cpu()) return ctx;
+  // Every index tensor goes into one host buffer (int32 ones widened), crosses in one copy,
+  // and comes back out as views (int32 ones narrowed on the device).
+  const at::Tensor cu_k_host = ctx.cu_seqlens_k;
+  std::vector<at::Tensor*> fields = {&ctx.positions, &ctx.slots, &ctx.sample_rows, &ctx.key_slots,
+                                     &ctx.cu_seqlens_q, &ctx.cu_seqlens_k, &ctx.block_tables, &ctx.context_lens};
+  if (batch.full_sequences) fields.insert(fields.end(), {&ctx.full_positions, &ctx.new_rows});
+  for (auto& t : ctx.seq_key_positions) fields.push_back(&t);
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor* t : fields) flat.push_back(t->reshape({-1}).to(at::kLong));
+  const at::Tensor packed = at::cat(flat).to(device, /*non_blocking=*/true);
+  int64_t offset = 0;
+  for (at::Tensor* t : fields) {
+    const int64_t n = t->numel();
+    at::Tensor view = packed.narrow(0, offset, n).view(t->sizes());
+    *t = t->scalar_type() == at::kLong ? view : view.to(t->scalar_type());
+    offset += n;
+  }
+  // Per-sequence key slots are views of the packed ones.
+  const auto* cu_k = cu_k_host.data_ptr<int32_t>();
+  for (size_t i = 0; i < ctx.seq_slots.size(); ++i)
+    ctx.seq_slots[i] = ctx.key_slots.narrow(0, cu_k[i], cu_k[i + 1] - cu_k[i]);
   return ctx;
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <ATen/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <vector>
@@ -45,7 +46,9 @@ struct StepBatch {
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
 };
 
-// Index tensors derived once per step and shared by every layer of a stage.
+// Index tensors derived once per step and shared by every layer of a stage. On a GPU they
+// cross to the device in one copy (make_step_context), so a step pays one transfer for its
+// indices whatever its batch.
 struct StepContext {
   at::Tensor positions;               // int64 [T]: position of each new token
   at::Tensor slots;                   // int64 [T]: cache slot of each new token
@@ -55,9 +58,21 @@ struct StepContext {
   // With full_sequences: every token's position, and where the new tokens sit among them.
   at::Tensor full_positions;          // int64 [sum of context_len + num_new]
   at::Tensor new_rows;                // int64 [T]
+
+  // The same indices packed for varlen and paged attention kernels (FlashAttention's
+  // cumulative lengths, vLLM's block tables), sequence after sequence:
+  at::Tensor key_slots;      // int64 [sum of keys]: seq_slots one after the other
+  at::Tensor cu_seqlens_q;   // int32 [S + 1]: where each sequence's new tokens start in T
+  at::Tensor cu_seqlens_k;   // int32 [S + 1]: where each sequence's keys start in key_slots
+  int64_t max_seqlen_q = 0;  // most new tokens of one sequence
+  int64_t max_seqlen_k = 0;  // most keys of one sequence
+  at::Tensor block_tables;   // int32 [S, most blocks of one sequence], -1 past a table's end
+  at::Tensor context_lens;   // int32 [S]: context_len + num_new of each sequence
+  bool decode_only = false;  // every sequence computes exactly one new token
 };
 
-StepContext make_step_context(const StepBatch& batch, int64_t block_size);
+// The step's indices on `device` (the CPU: as built; a GPU: copied there in one transfer).
+StepContext make_step_context(const StepBatch& batch, int64_t block_size, at::Device device = at::kCPU);
 
 // The wire format of a step header between pipeline stages: `batch` without its token ids
 // (only the first stage needs them) as int64 words, led by the micro-batch id.

@@ -53,7 +53,9 @@ void PipelineChannel::send(int peer, const std::vector<int64_t>& header, const a
   auto* req = new MPI_Request;
   MPI_Isend(p->header.data(), static_cast<int>(p->header.size()), MPI_INT64_T, peer, kHeaderTag, MPI_COMM_WORLD, req);
   p->header_request = req;
-  if (tensor.defined()) p->tensor = comm_.isend(tensor, peer);
+  // A GPU tensor over MPI (ranks sharing a GPU) is staged through host memory here; a host
+  // tensor over NCCL (the logits rank 0 asked for) goes to the device first.
+  if (tensor.defined()) p->tensor = comm_.isend(tensor.device() == comm_.device() ? tensor : tensor.to(comm_.device()), peer);
   const int64_t micro_batch = header.empty() ? -1 : header[0];
   pending_.push_back(std::move(p));
   const auto t1 = Clock::now();

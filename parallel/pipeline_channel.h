@@ -2,7 +2,9 @@
 //
 // A message is a control header (int64 words, always over MPI) followed by an optional
 // tensor whose shape and dtype travel in the header (over the Communicator: NCCL for CUDA
-// tensors, MPI for host tensors). Sends are asynchronous and completed lazily, so a rank
+// tensors, MPI for host tensors; a tensor on another device than the communicator's is
+// copied to it first, which is the host staging of ranks that share a GPU over MPI).
+// Received tensors live on the communicator's device. Sends are asynchronous and completed lazily, so a rank
 // never blocks on a neighbour that is still computing. The channel times what the rank does
 // with it: waiting for a message to arrive (the pipeline bubble), moving tensors, and
 // computing between messages, without adding any synchronisation between ranks, and can

@@ -32,10 +32,11 @@ inline Request make_request(int64_t id, std::vector<int64_t> prompt, int64_t max
   return r;
 }
 
-// `options.max_context` is taken from the model.
+// `options.max_context` is taken from the model; the pool lives where the shard computes,
+// in its dtype.
 inline Generated run_engine(const ModelShard& shard, SchedulerOptions options, int64_t num_blocks,
                             const std::vector<Request>& requests) {
-  BlockPool pool(shard.kv_shape(options.block_size), num_blocks, at::kFloat, at::kCPU);
+  BlockPool pool(shard.kv_shape(options.block_size), num_blocks, shard.weights().dtype, shard.device());
   LocalExecutor executor(shard, pool);
   EngineOptions o;
   o.scheduler = options;

@@ -195,6 +195,38 @@ TEST(StepBatchContext, slots_match_formula_for_every_position) {
   EXPECT_EQ(to_vector(ctx.slots), (std::vector<int64_t>{all[7], all[8], all[9], all[10]}));
 }
 
+std::vector<int32_t> to_int_vector(const at::Tensor& t) {
+  EXPECT_EQ(t.scalar_type(), at::kInt);
+  const at::Tensor c = t.contiguous().view({-1});
+  const int32_t* p = c.data_ptr<int32_t>();
+  return std::vector<int32_t>(p, p + c.numel());
+}
+
+// The packed indices the GPU's varlen and paged kernels read.
+TEST(StepBatchContext, packed_indices_for_varlen_and_paged_attention) {
+  const StepBatch batch =
+      make_batch({make_seq(1, 5, 3, false, {7, 2}), make_seq(2, 0, 2, true, {3}), make_seq(3, 9, 1, true, {1, 0, 6})});
+  const StepContext ctx = make_step_context(batch, 4);
+  EXPECT_EQ(to_int_vector(ctx.cu_seqlens_q), (std::vector<int32_t>{0, 3, 5, 6}));
+  EXPECT_EQ(to_int_vector(ctx.cu_seqlens_k), (std::vector<int32_t>{0, 8, 10, 20}));
+  EXPECT_EQ(ctx.max_seqlen_q, 3);
+  EXPECT_EQ(ctx.max_seqlen_k, 10);
+  std::vector<int64_t> keys;
+  for (const at::Tensor& t : ctx.seq_slots) {
+    const std::vector<int64_t> v = to_vector(t);
+    keys.insert(keys.end(), v.begin(), v.end());
+  }
+  EXPECT_EQ(to_vector(ctx.key_slots), keys);
+  EXPECT_EQ(to_int_vector(ctx.context_lens), (std::vector<int32_t>{8, 2, 10}));
+  EXPECT_EQ(ctx.block_tables.sizes(), (std::vector<int64_t>{3, 3}));
+  EXPECT_EQ(to_int_vector(ctx.block_tables), (std::vector<int32_t>{7, 2, -1, 3, -1, -1, 1, 0, 6}));
+  EXPECT_FALSE(ctx.decode_only);
+  const StepContext decode =
+      make_step_context(make_batch({make_seq(1, 7, 1, true, {7, 2}), make_seq(2, 2, 1, true, {3})}), 4);
+  EXPECT_TRUE(decode.decode_only);
+  EXPECT_EQ(to_int_vector(decode.context_lens), (std::vector<int32_t>{8, 3}));
+}
+
 TEST(StepBatchContext, decoded_header_gives_same_context) {
   // Later stages build their context from the decoded header, so it must agree with stage 0.
   const StepBatch batch = three_sequence_batch();

@@ -1,0 +1,115 @@
+#include "engine/attention_backend.h"
+
+#include "engine/kernels/cpu/paged_decode_reference.h"
+#include "engine/kernels/cuda/paged_decode.h"
+#include "engine/layers.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <vector>
+
+namespace kvpipe {
+
+AttentionPath parse_attention_path(const std::string& name, const std::string& what) {
+  if (name == "per_sequence") return AttentionPath::kPerSequence;
+  if (name == "varlen") return AttentionPath::kVarlen;
+  if (name == "paged") return AttentionPath::kPagedDecode;
+  throw std::invalid_argument(what + ": unknown attention path '" + name + "' (per_sequence, varlen, paged)");
+}
+
+std::string attention_path_name(AttentionPath path) {
+  switch (path) {
+    case AttentionPath::kPerSequence: return "per_sequence";
+    case AttentionPath::kVarlen: return "varlen";
+    case AttentionPath::kPagedDecode: return "paged";
+  }
+  return "?";
+}
+
+std::optional<AttentionPath> attention_path_from_env() {
+  static const std::optional<AttentionPath> path = []() -> std::optional<AttentionPath> {
+    const char* value = std::getenv("KVPIPE_ATTENTION");
+    if (value == nullptr || *value == '\0') return std::nullopt;
+    return parse_attention_path(value, "KVPIPE_ATTENTION");
+  }();
+  return path;
+}
+
+namespace {
+
+bool is_16bit(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
+// The kernel reads the pool in place: float storage of the query's dtype, a head size it
+// was built for. Its CPU reference takes any head size.
+bool paged_decode_fits(const at::Tensor& q, const BlockPool& pool, const StepBatch& batch, const StepContext& ctx) {
+  if (!ctx.decode_only || batch.window_recent > 0 || pool.dtype() == KvDtype::kQ8_0) return false;
+  if (kv_storage_scalar_type(pool.dtype()) != q.scalar_type()) return false;
+  const int64_t hd = q.size(-1);
+  return q.is_cpu() || hd == 64 || hd == 128;
+}
+
+bool varlen_fits(const at::Tensor& q, const StepBatch& batch) {
+  if (batch.window_recent > 0) return false;
+  // FlashAttention-2: 16-bit, head sizes up to 256 in multiples of 8.
+  const int64_t hd = q.size(-1);
+  return q.is_cpu() || (is_16bit(q.scalar_type()) && hd % 8 == 0 && hd <= 256);
+}
+
+}  // namespace
+
+AttentionPath choose_attention_path(const at::Tensor& q, const BlockPool& pool, const StepBatch& batch,
+                                    const StepContext& ctx, std::optional<AttentionPath> preferred) {
+  const bool paged = paged_decode_fits(q, pool, batch, ctx), varlen = varlen_fits(q, batch);
+  if (preferred) {
+    if (*preferred == AttentionPath::kPagedDecode && paged) return *preferred;
+    if (*preferred == AttentionPath::kVarlen && varlen) return *preferred;
+    if (*preferred == AttentionPath::kPerSequence) return *preferred;
+  }
+  // The CPU's own path is the per-sequence one (its batched paths are references).
+  if (q.is_cpu()) return AttentionPath::kPerSequence;
+  if (paged) return AttentionPath::kPagedDecode;
+  if (varlen) return AttentionPath::kVarlen;
+  return AttentionPath::kPerSequence;
+}
+
+at::Tensor varlen_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const StepContext& ctx, double scale) {
+  const int64_t T = q.size(0), heads = q.size(1), hd = q.size(2);
+  if (q.is_cuda()) {
+    // Grouped-query heads are native; the causal mask is aligned to the bottom right, so each
+    // sequence's new queries see their cached context and each other in order.
+    const auto out = at::_flash_attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), ctx.cu_seqlens_q,
+                                                  ctx.cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k,
+                                                  /*dropout_p=*/0.0, /*is_causal=*/true,
+                                                  /*return_debug_mask=*/false, scale);
+    return std::get<0>(out).reshape({T, heads * hd});
+  }
+  // The reference: one causal attention per sequence over the same packed rows.
+  const at::Tensor cu_q = ctx.cu_seqlens_q.to(at::kCPU), cu_k = ctx.cu_seqlens_k.to(at::kCPU);
+  const int32_t* qs = cu_q.data_ptr<int32_t>();
+  const int32_t* ks = cu_k.data_ptr<int32_t>();
+  std::vector<at::Tensor> outs;
+  for (int64_t i = 0; i + 1 < cu_q.numel(); ++i) {
+    const int64_t n = qs[i + 1] - qs[i], L = ks[i + 1] - ks[i];
+    outs.push_back(causal_attention(q.narrow(0, qs[i], n), k.narrow(0, ks[i], L), v.narrow(0, ks[i], L), scale));
+  }
+  return outs.empty() ? at::empty({0, heads * hd}, q.options()) : at::cat(outs);
+}
+
+at::Tensor paged_decode(const at::Tensor& q, const BlockPool& pool, int64_t layer, const StepContext& ctx,
+                        double scale) {
+  const int64_t S = q.size(0), heads = q.size(1), hd = q.size(2);
+  const at::Tensor keys = pool.keys(layer), values = pool.values(layer);
+  if (q.is_cuda())
+    return paged_decode_attention(q.contiguous(), keys, values, ctx.block_tables, ctx.context_lens,
+                                  pool.block_size(), scale)
+        .reshape({S, heads * hd});
+  return paged_decode_reference(q.contiguous(), keys, values, ctx.block_tables, ctx.context_lens, pool.block_size(),
+                                scale)
+      .to(q.scalar_type())
+      .reshape({S, heads * hd});
+}
+
+}  // namespace kvpipe

@@ -1,0 +1,50 @@
+// Attention backends: which implementation computes a layer's attention over the paged KV
+// cache for a step, by device, dtype and the step's shape, and the two batched ones.
+//
+// Three paths give the same result (up to rounding): the per-sequence one of engine/layers.h
+// (every device and dtype, windows and sinks included: the CPU's path), FlashAttention-2
+// varlen over the step's keys gathered through their slots (CUDA, 16-bit, no window: prefill
+// and mixed steps), and the paged decode kernel reading the pool in place through block
+// tables (CUDA, one new token per sequence, no window: decode steps). On the CPU the batched
+// paths run their references (a per-sequence loop over the same packed indices, and the
+// float64 paged decode reference), so their indexing is tested where no GPU is.
+#pragma once
+
+#include "cache/block_pool.h"
+#include "engine/step_batch.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+
+namespace kvpipe {
+
+enum class AttentionPath { kPerSequence, kVarlen, kPagedDecode };
+
+// "per_sequence" | "varlen" | "paged"; std::invalid_argument naming `what` otherwise.
+AttentionPath parse_attention_path(const std::string& name, const std::string& what);
+std::string attention_path_name(AttentionPath path);
+
+// KVPIPE_ATTENTION, when set: the path every step should take where it can (benchmarks
+// compare them; tests force the batched paths on the CPU). Read once per process.
+std::optional<AttentionPath> attention_path_from_env();
+
+// The path for one layer of a step: `preferred` when given and the step allows it, otherwise
+// the fastest that does. q is [T, heads, head_dim] on the compute device.
+AttentionPath choose_attention_path(const at::Tensor& q, const BlockPool& pool, const StepBatch& batch,
+                                    const StepContext& ctx, std::optional<AttentionPath> preferred);
+
+// Causal attention of each sequence's new queries (rows cu_seqlens_q[i] .. of q [T, heads,
+// head_dim]) over its keys and values (rows cu_seqlens_k[i] .. of k, v [K, kv_heads,
+// head_dim], in position order, the last new token's last): FlashAttention-2 varlen with the
+// causal mask aligned to the bottom right. Returns [T, heads * head_dim].
+at::Tensor varlen_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const StepContext& ctx, double scale);
+
+// One new query per sequence (q [S, heads, head_dim]) over layer `layer` of `pool` through
+// the step's block tables and context lengths. Returns [S, heads * head_dim].
+at::Tensor paged_decode(const at::Tensor& q, const BlockPool& pool, int64_t layer, const StepContext& ctx,
+                        double scale);
+
+}  // namespace kvpipe
