@@ -405,7 +405,7 @@ class Validator {
 
   std::vector<Field> model_fields(ModelSection& m) {
     return {{"path", non_empty_string(&m.path)},
-            {"dtype", choice(&m.dtype, {"float32", "float16", "bfloat16"})}};
+            {"dtype", choice(&m.dtype, {"auto", "float32", "float16", "bfloat16"})}};
   }
 
   std::vector<Field> runtime_fields(RuntimeSection& r) {

@@ -34,7 +34,7 @@ struct MemorySpec {
 
 struct ModelSection {
   std::string path;                 // HF directory, a .gguf file, or `dummy:<preset>`
-  std::string dtype = "float32";    // float32 | float16 | bfloat16
+  std::string dtype = "auto";       // auto (bfloat16 on a GPU, float32 on the CPU) | float32 | float16 | bfloat16
 };
 
 struct RuntimeSection {

@@ -1,7 +1,9 @@
 #include "launch/job_plan.h"
 
 #include "engine/model_weights.h"
+#include "launch/device_plan.h"
 #include "launch/model_text.h"
+#include "parallel/communicator.h"
 
 #include <unistd.h>
 
@@ -46,12 +48,13 @@ std::string model_key(const JobConfig& job, const std::string& hf_key, const std
 }
 
 // runtime.memory as messages name it.
-std::string memory_limit_text(const JobConfig& job, int64_t limit) {
+std::string memory_limit_text(const JobConfig& job, const JobPlan& plan, int64_t limit) {
+  const std::string whose = plan.device_type == at::kCUDA ? "this rank's share of the GPU's " : "this machine's ";
   if (job.runtime.memory_bytes) return "runtime.memory (" + gib(double(limit)) + ")";
   if (job.runtime.memory_share)
-    return "runtime.memory (" + gib(double(limit)) + ", a share of this machine's " +
-           gib(double(host_memory_bytes())) + ")";
-  return "this machine's " + gib(double(limit)) + " of memory (runtime.memory: auto)";
+    return "runtime.memory (" + gib(double(limit)) + ", a share of " + whose + gib(double(plan.device_memory_bytes)) +
+           ")";
+  return whose + gib(double(limit)) + " of memory (runtime.memory: auto)";
 }
 
 // Bytes a rank needs beside its weights and its KV pool, estimated from the model's shape and
@@ -103,12 +106,32 @@ int64_t host_memory_bytes() {
   return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGE_SIZE));
 }
 
-int64_t runtime_memory_bytes(const JobConfig& job) {
+int64_t runtime_memory_bytes(const JobConfig& job, int64_t device_memory_bytes) {
   if (job.runtime.memory_bytes) return *job.runtime.memory_bytes;
-  const int64_t device = host_memory_bytes();
-  if (job.runtime.memory_share) return static_cast<int64_t>(static_cast<double>(device) * *job.runtime.memory_share);
-  return device;
+  if (job.runtime.memory_share)
+    return static_cast<int64_t>(static_cast<double>(device_memory_bytes) * *job.runtime.memory_share);
+  return device_memory_bytes;
 }
+
+at::DeviceType resolve_device_type(const JobConfig& job) {
+  if (job.runtime.device == "cuda") return at::kCUDA;
+  if (job.runtime.device == "cpu") return at::kCPU;
+  return cuda_device_available() ? at::kCUDA : at::kCPU;
+}
+
+namespace {
+
+// The GPU memory one rank may plan with: the first GPU's (a node's GPUs are alike), split
+// evenly among the ranks of this node that share a GPU.
+int64_t gpu_memory_per_rank(const JobConfig& job) {
+  const int gpus = cuda_device_count();
+  if (gpus < 1) return 0;
+  const int64_t ranks = std::max(1, local_rank_count_from_env());
+  const int64_t sharing = job.runtime.share_gpu ? (ranks + gpus - 1) / gpus : 1;
+  return cuda_device_memory_bytes(0) / std::max<int64_t>(sharing, 1);
+}
+
+}  // namespace
 
 ModelConfig load_job_model_config(const JobConfig& job) {
   try {
@@ -132,14 +155,22 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
                                 std::to_string(cores) + " CPUs of this machine (at most " +
                                 std::to_string(4 * cores) + ")");
   plan.model = load_job_model_config(job);
-  plan.dtype = parse_dtype(job.model.dtype, job.source + ": model.dtype");
+  plan.device_type = resolve_device_type(job);
+  plan.device_memory_bytes = plan.device_type == at::kCUDA ? gpu_memory_per_rank(job) : host_memory_bytes();
+  // A GPU job planned where there is no GPU (validate on a login node) needs a size.
+  if (plan.device_memory_bytes <= 0 && !job.runtime.memory_bytes)
+    throw std::invalid_argument(job.source + ": runtime.device: cuda, but this process cannot use a GPU (" +
+                                cuda_unavailable_reason() +
+                                "); runtime.memory as a size plans the job without one");
+  plan.dtype = job.model.dtype == "auto" ? (plan.device_type == at::kCUDA ? at::kBFloat16 : at::kFloat)
+                                         : parse_dtype(job.model.dtype, job.source + ": model.dtype");
   plan.block_size = job.cache.block_size;
   const ModelConfig& m = plan.model;
 
   // What every rank needs beside its weights and KV pool, checked before the weights' index
   // is read or anything is sized by the model's shape.
-  const int64_t memory_limit = runtime_memory_bytes(job);
-  const std::string limit_text = memory_limit_text(job, memory_limit);
+  const int64_t memory_limit = runtime_memory_bytes(job, plan.device_memory_bytes);
+  const std::string limit_text = memory_limit_text(job, plan, memory_limit);
   const RankOverhead overhead = rank_overhead(job, m);
   if (overhead.rope > double(memory_limit))
     throw std::invalid_argument(at_key(job, "model.path") + ": " +
@@ -173,7 +204,7 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
 
   StageCost cost;
   // What the weights take as stored (quantised files: their blocks), read from the file's index.
-  plan.weight_bytes = stored_weight_bytes(job.model.path, m, plan.dtype);
+  plan.weight_bytes = stored_weight_bytes(job.model.path, m, plan.dtype, plan.device_type != at::kCPU);
   cost.layer_weight_bytes = plan.weight_bytes.per_layer;
   cost.first_extra_bytes = plan.weight_bytes.embedding;
   cost.last_extra_bytes = plan.weight_bytes.head;
@@ -332,6 +363,9 @@ void print_plan(std::ostream& out, const JobPlan& plan) {
   out << "plan: at most " << plan.partition.num_blocks * plan.block_size
       << " concurrent tokens (" << plan.partition.num_blocks << " blocks x " << plan.block_size
       << " tokens per block), KV cache " << kv_dtype_name(plan.kv_dtype) << "\n";
+  out << "plan: device " << (plan.device_type == at::kCUDA ? "cuda" : "cpu") << ", dtype "
+      << c10::toString(plan.dtype) << ", " << gib(double(plan.device_memory_bytes))
+      << (plan.device_type == at::kCUDA ? " of GPU memory per rank\n" : " of host memory\n");
   for (size_t r = 0; r < stages.size(); ++r) {
     const StagePlan& s = stages[r];
     out << "plan: rank " << r << " layers " << s.first_layer << ".." << s.first_layer + s.num_layers - 1

@@ -16,6 +16,7 @@
 #include "parallel/partitioner.h"
 
 #include <ATen/core/ScalarType.h>
+#include <c10/core/DeviceType.h>
 
 #include <cstdint>
 #include <ostream>
@@ -26,7 +27,12 @@ namespace kvpipe {
 
 struct JobPlan {
   ModelConfig model;
-  at::ScalarType dtype = at::kFloat;
+  // runtime.device as resolved: auto is CUDA when this process sees a GPU, else the CPU.
+  at::DeviceType device_type = at::kCPU;
+  // What runtime.memory: auto and its shares refer to: the host's memory, or on a GPU that
+  // GPU's memory divided among the ranks of this node that share it.
+  int64_t device_memory_bytes = 0;
+  at::ScalarType dtype = at::kFloat;  // model.dtype as resolved (auto: bfloat16 on a GPU)
   KvDtype kv_dtype = KvDtype::kFloat32;  // cache.dtype as resolved (auto: the compute dtype)
   int64_t kv_bytes_per_token_layer = 0;  // K and V of one token in one layer, as stored
   StoredWeightBytes weight_bytes;        // the weights as loaded, from the file's index
@@ -47,8 +53,12 @@ void print_plan(std::ostream& out, const JobPlan& plan);
 // Physical memory of this machine, for `runtime.memory: auto` on CPU.
 int64_t host_memory_bytes();
 
-// runtime.memory in bytes: the size given, or `auto` / a share of the machine's memory.
-int64_t runtime_memory_bytes(const JobConfig& job);
+// runtime.memory in bytes: the size given, or `auto` / a share of the device's memory
+// (device_memory_bytes).
+int64_t runtime_memory_bytes(const JobConfig& job, int64_t device_memory_bytes);
+
+// runtime.device resolved: "cuda" and "cpu" as given, "auto" CUDA when a GPU is visible.
+at::DeviceType resolve_device_type(const JobConfig& job);
 
 // What generate's engine refuses of one request, checked before anything is loaded: an empty
 // prompt, a token outside the vocabulary, a prompt that fills the model's context, a request

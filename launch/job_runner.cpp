@@ -15,7 +15,6 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 #include <ATen/Parallel.h>
-#include <ATen/detail/CUDAHooksInterface.h>
 
 #include <memory>
 #include <sstream>
@@ -44,22 +43,23 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
   // the autograd and version-counter bookkeeping of each LibTorch call (a decode step makes
   // hundreds of small ones).
   c10::InferenceMode inference_mode;
-  if (job.runtime.device == "cuda") {
+  // Each rank computes on its own GPU (cuda:<local rank>), or on one it shares with other
+  // ranks of its node (runtime.share_gpu), or on the CPU; plan_job resolved `auto`.
+  const int local_ranks = local_rank_count_from_env();
+  at::Device device = at::kCPU;
+  if (plan.device_type == at::kCUDA) {
     const std::string why = cuda_unavailable_reason();
     if (!why.empty())
       throw std::invalid_argument(job.source + ": runtime.device: cuda, but rank " +
                                   std::to_string(world.rank()) + " cannot use a GPU: " + why);
-    throw std::invalid_argument(job.source + ": runtime.device: cuda: this version of kvpipe "
-                                "computes on the CPU only; use runtime.device: cpu or auto");
+    const std::string name = choose_device(world.local_rank(), local_ranks, cuda_device_count(), job.runtime.share_gpu);
+    device = at::Device(name);
+    use_cuda_device(device.index());
+    log_printf(LogLevel::kDebug, "device %s (%s, local rank %d of %d)", name.c_str(),
+               cuda_device_name(device.index()).c_str(), world.local_rank(), local_ranks);
+  } else {
+    log_printf(LogLevel::kDebug, "device cpu (local rank %d of %d)", world.local_rank(), local_ranks);
   }
-  // The engine computes on the CPU in this version; the GPU choice is still checked so that a
-  // job file that would put two ranks on one GPU fails the same way everywhere.
-  const int local_ranks = local_rank_count_from_env();
-  const std::string device = choose_device(world.local_rank(), local_ranks,
-                                           at::detail::getCUDAHooks().getNumGPUs(),
-                                           job.runtime.share_gpu);
-  log_printf(LogLevel::kDebug, "device %s (local rank %d of %d)", device.c_str(),
-             world.local_rank(), local_ranks);
   if (job.runtime.pin_threads) {
     // Before the compute pool starts: its threads inherit this thread's affinity.
     const std::vector<int> cores =
@@ -84,13 +84,21 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
   ThreadPool::instance().set_threads(job.runtime.threads);
   log_printf(LogLevel::kDebug, "CPU kernels: %s, %d thread(s)", dot_kernel_isa(), job.runtime.threads);
 
-  if (plan.dtype != at::kFloat)
+  if (device.is_cpu() && plan.dtype != at::kFloat)
     throw std::invalid_argument(job.source + ": model.dtype " + job.model.dtype +
-                                " is not supported on CPU (use float32)");
+                                " is not supported on CPU (use float32 or auto)");
   // The communicator comes first: a backend that cannot run fails before any weight loads.
+  // NCCL connects ranks on distinct GPUs; ranks that share one (or compute on the CPU) pass
+  // hidden states through host memory over MPI.
+  const bool gpu_shared = device.is_cuda() && local_ranks > cuda_device_count();
+  if (gpu_shared && job.parallel.backend == "nccl")
+    throw std::invalid_argument(job.source + ": parallel.backend: nccl cannot connect ranks that share a GPU "
+                                "(runtime.share_gpu); use mpi or auto");
+  const std::string backend =
+      job.parallel.backend != "auto" ? job.parallel.backend : device.is_cuda() && !gpu_shared ? "nccl" : "mpi";
   std::unique_ptr<Communicator> comm;
-  if (world.size() > 1) comm = make_communicator(job.parallel.backend, world);
-  else if (job.parallel.backend == "nccl") make_nccl_communicator(world);
+  if (world.size() > 1) comm = make_communicator(backend, world);
+  else if (backend == "nccl") make_nccl_communicator(world);
   // From here on every rank is expected to hear from its peers: a rank that goes silent (stopped,
   // or frozen whole) ends the job instead of leaving the others blocked on it forever. Started
   // before the weights load, since a rank can stop there as well as in a step.
@@ -110,8 +118,8 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
   sel.layers = {stage.first_layer, stage.first_layer + stage.num_layers};
   sel.embedding = world.rank() == 0;
   sel.head = world.rank() == world.size() - 1;
-  const ModelShard shard(load_weights(job.model.path, plan.model, sel, plan.dtype), plan.first_cached_layer);
-  BlockPool pool(shard.kv_shape(plan.block_size, plan.kv_dtype), plan.partition.num_blocks, plan.dtype, at::kCPU,
+  const ModelShard shard(load_weights(job.model.path, plan.model, sel, plan.dtype, device), plan.first_cached_layer);
+  BlockPool pool(shard.kv_shape(plan.block_size, plan.kv_dtype), plan.partition.num_blocks, plan.dtype, device,
                  plan.kv_dtype);
 
   JobOutcome outcome;

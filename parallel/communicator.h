@@ -12,6 +12,7 @@
 
 #include <ATen/Tensor.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -45,6 +46,14 @@ bool cuda_device_available();
 
 // The NCCL this process runs (ncclGetVersion: 22809 for 2.28.9), or 0 in a build without it.
 int nccl_version();
+
+// CUDA devices this process sees (0 without the CUDA runtime), and one device's memory in
+// bytes and name (0 and "" when it cannot be read).
+int cuda_device_count();
+int64_t cuda_device_memory_bytes(int device_index);
+std::string cuda_device_name(int device_index);
+// Makes `device_index` this thread's current CUDA device (std::runtime_error when it cannot).
+void use_cuda_device(int device_index);
 
 // Empty when this process can use a CUDA device; otherwise why not, in words a user can act
 // on (no driver, no device, CUDA_VISIBLE_DEVICES hides them all, ...).

@@ -97,6 +97,25 @@ std::string cuda_unavailable_reason() {
                  : "no CUDA device is present";
 }
 
+int cuda_device_count() {
+  int devices = 0;
+  return cudaGetDeviceCount(&devices) == cudaSuccess ? devices : 0;
+}
+
+void use_cuda_device(int device_index) { check_cuda(cudaSetDevice(device_index), "cudaSetDevice"); }
+
+int64_t cuda_device_memory_bytes(int device_index) {
+  cudaDeviceProp props;
+  if (cudaGetDeviceProperties(&props, device_index) != cudaSuccess) return 0;
+  return static_cast<int64_t>(props.totalGlobalMem);
+}
+
+std::string cuda_device_name(int device_index) {
+  cudaDeviceProp props;
+  if (cudaGetDeviceProperties(&props, device_index) != cudaSuccess) return "";
+  return props.name;
+}
+
 std::unique_ptr<Communicator> make_nccl_communicator(const World& world) {
   const std::string why = cuda_unavailable_reason();
   if (!why.empty())
@@ -118,6 +137,14 @@ bool cuda_device_available() { return false; }
 int nccl_version() { return 0; }
 
 std::string cuda_unavailable_reason() { return "kvpipe was built without the CUDA runtime"; }
+
+int cuda_device_count() { return 0; }
+
+void use_cuda_device(int) { throw std::invalid_argument("kvpipe was built without the CUDA runtime"); }
+
+int64_t cuda_device_memory_bytes(int) { return 0; }
+
+std::string cuda_device_name(int) { return ""; }
 
 std::unique_ptr<Communicator> make_nccl_communicator(const World&) {
   throw std::invalid_argument("parallel.backend: nccl is not available: kvpipe was built without CUDA/NCCL");

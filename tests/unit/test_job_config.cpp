@@ -55,7 +55,7 @@ TEST(JobConfigDefaults, MinimalFileKeepsStructDefaults) {
   const JobConfig defaults;
   EXPECT_EQ(config.source, "job.yaml");
   EXPECT_EQ(config.model.path, "dummy:tiny");
-  EXPECT_EQ(config.model.dtype, "float32");
+  EXPECT_EQ(config.model.dtype, "auto");
   EXPECT_EQ(config.runtime.threads, 1);
   EXPECT_FALSE(config.runtime.memory_bytes.has_value());
   EXPECT_TRUE(config.parallel.layers.empty());

@@ -6,6 +6,7 @@
 #include "tests/support/command.h"
 #include "tests/support/logprob_compare.h"
 
+#include <ATen/Context.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -185,8 +186,9 @@ TEST_F(LaunchJob, LogLevelErrorHidesPlanAndTiming) {
   EXPECT_NE(bad.err.find("--log-level"), std::string::npos) << bad.err;
 }
 
-// runtime.device: cpu runs anywhere; cuda is refused with exit 2 and the reason (no GPU here,
-// or, where one is present, that this version computes on the CPU); auto falls back to the CPU.
+// runtime.device: cpu runs anywhere; cuda runs where a GPU is and is refused with exit 2 and
+// the reason where none is (also when runtime.memory is a size, so that the plan needs no
+// GPU); auto is the GPU where one is, else the CPU.
 TEST_F(LaunchJob, RuntimeDevice) {
   std::ofstream(dir_ / "job.yaml") << "model: {path: \"dummy:tiny\"}\ncache: {memory: 4MiB}\n"
                                    << "requests: [{prompt_ids: [1, 2, 3], max_new_tokens: 2}]\n";
@@ -198,14 +200,24 @@ TEST_F(LaunchJob, RuntimeDevice) {
     EXPECT_EQ(std::count(ok.out.begin(), ok.out.end(), '\n'), 1) << device;
   }
   const CommandResult cuda = kvpipe::testing::run_command(base + "cuda", dir_);
-  EXPECT_EQ(cuda.code, 2) << cuda.err;
-  EXPECT_NE(cuda.err.find("runtime.device: cuda"), std::string::npos) << cuda.err;
-  EXPECT_NE(cuda.err.find("job.yaml"), std::string::npos) << cuda.err;
-  EXPECT_EQ(std::count(cuda.err.begin(), cuda.err.end(), '\n'), 1) << cuda.err;
-  EXPECT_EQ(cuda.out, "");
-  const CommandResult hidden = kvpipe::testing::run_command("CUDA_VISIBLE_DEVICES= " + base + "cuda", dir_);
-  EXPECT_EQ(hidden.code, 2) << hidden.err;
-  EXPECT_NE(hidden.err.find("cannot use a GPU"), std::string::npos) << hidden.err;
+  if (at::hasCUDA()) {
+    EXPECT_EQ(cuda.code, 0) << cuda.err;
+    EXPECT_EQ(std::count(cuda.out.begin(), cuda.out.end(), '\n'), 1) << cuda.out;
+  } else {
+    EXPECT_EQ(cuda.code, 2) << cuda.err;
+    EXPECT_NE(cuda.err.find("runtime.device: cuda"), std::string::npos) << cuda.err;
+    EXPECT_NE(cuda.err.find("job.yaml"), std::string::npos) << cuda.err;
+    EXPECT_EQ(std::count(cuda.err.begin(), cuda.err.end(), '\n'), 1) << cuda.err;
+    EXPECT_EQ(cuda.out, "");
+  }
+  for (const std::string memory : {"", " --set runtime.memory=2GiB"}) {
+    const CommandResult hidden =
+        kvpipe::testing::run_command("CUDA_VISIBLE_DEVICES= " + base + "cuda" + memory, dir_);
+    EXPECT_EQ(hidden.code, 2) << memory << ": " << hidden.err;
+    EXPECT_NE(hidden.err.find("runtime.device: cuda"), std::string::npos) << hidden.err;
+    EXPECT_NE(hidden.err.find("cannot use a GPU"), std::string::npos) << hidden.err;
+    EXPECT_EQ(std::count(hidden.err.begin(), hidden.err.end(), '\n'), 1) << hidden.err;
+  }
   const CommandResult bad = kvpipe::testing::run_command(base + "tpu", dir_);
   EXPECT_EQ(bad.code, 2) << bad.err;
   EXPECT_NE(bad.err.find("runtime.device"), std::string::npos) << bad.err;
