@@ -58,8 +58,10 @@ StepOutput sample_batch(const StepBatch& batch, const at::Tensor& logits) {
 StageResult run_stage(const ModelShard& shard, BlockPool& pool, const StepBatch& batch,
                       const at::Tensor& hidden) {
   const StepContext ctx = make_step_context(batch, pool.block_size(), shard.device());
-  const at::Tensor input = shard.has_embedding() ? shard.embed(at::tensor(batch.token_ids, at::kLong))
-                                                 : hidden.to(shard.device());
+  // A stage's input from host memory (ranks sharing a GPU) crosses without waiting for the
+  // device: the copy is staged, and the step's kernels queue behind it.
+  const at::Tensor input = shard.has_embedding() ? shard.embed(ctx.token_ids)
+                                                 : hidden.to(shard.device(), /*non_blocking=*/true);
   StageResult r;
   r.hidden = shard.forward(input, batch, ctx, pool);
   if (shard.has_head()) r.output = sample_batch(batch, shard.logits(r.hidden.index_select(0, ctx.sample_rows)));

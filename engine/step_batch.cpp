@@ -62,6 +62,7 @@ StepContext make_host_step_context(const StepBatch& batch, int64_t block_size) {
     ctx.seq_slots.push_back(key_slots);
     ctx.seq_key_positions.push_back(at::tensor(key_pos, at::kLong));
   }
+  ctx.token_ids = at::tensor(batch.token_ids, at::kLong);
   ctx.positions = positions;
   ctx.slots = slots;
   ctx.sample_rows = at::tensor(rows, at::kLong);
@@ -105,7 +106,7 @@ StepContext make_step_context(const StepBatch& batch, int64_t block_size, at::De
   // Every index tensor goes into one host buffer (int32 ones widened), crosses in one copy,
   // and comes back out as views (int32 ones narrowed on the device).
   const at::Tensor cu_k_host = ctx.cu_seqlens_k;
-  std::vector<at::Tensor*> fields = {&ctx.positions, &ctx.slots, &ctx.sample_rows, &ctx.key_slots,
+  std::vector<at::Tensor*> fields = {&ctx.token_ids, &ctx.positions, &ctx.slots, &ctx.sample_rows, &ctx.key_slots,
                                      &ctx.cu_seqlens_q, &ctx.cu_seqlens_k, &ctx.block_tables, &ctx.context_lens};
   if (batch.full_sequences) fields.insert(fields.end(), {&ctx.full_positions, &ctx.new_rows});
   for (auto& t : ctx.seq_key_positions) fields.push_back(&t);

@@ -50,6 +50,7 @@ struct StepBatch {
 // cross to the device in one copy (make_step_context), so a step pays one transfer for its
 // indices whatever its batch.
 struct StepContext {
+  at::Tensor token_ids;               // int64: the batch's token ids (the first stage's input)
   at::Tensor positions;               // int64 [T]: position of each new token
   at::Tensor slots;                   // int64 [T]: cache slot of each new token
   std::vector<at::Tensor> seq_slots;  // per sequence: slots of the cached keys it attends to

@@ -13,6 +13,7 @@
 #include "parallel/watchdog.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/InferenceMode.h>
 #include <ATen/Parallel.h>
 
@@ -121,6 +122,27 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
   const ModelShard shard(load_weights(job.model.path, plan.model, sel, plan.dtype, device), plan.first_cached_layer);
   BlockPool pool(shard.kv_shape(plan.block_size, plan.kv_dtype), plan.partition.num_blocks, plan.dtype, device,
                  plan.kv_dtype);
+
+  const int64_t resident_bytes = shard.weights().bytes() + pool.bytes();
+  // What the GPU held at its peak against what the plan allowed beside weights and KV pool:
+  // the measure of the plan's step estimate (runtime.memory, cache.memory shares).
+  struct GpuPeakLog {
+    at::Device device;
+    int64_t resident;
+    ~GpuPeakLog() {
+      if (!device.is_cuda()) return;
+      try {
+        const int64_t peak =
+            c10::getDeviceAllocator(c10::DeviceType::CUDA)
+                ->getDeviceStats(device.index())
+                .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+                .peak;
+        log_printf(LogLevel::kInfo, "GPU memory: peak %.3f GiB allocated, of which %.3f GiB weights and KV pool",
+                   double(peak) / double(1LL << 30), double(resident) / double(1LL << 30));
+      } catch (...) {
+      }
+    }
+  } gpu_peak_log{device, resident_bytes};
 
   JobOutcome outcome;
   if (world.size() == 1) {
