@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include "engine/decode_graphs.h"
 #include "engine/sampler.h"
 
 #include <ATen/ATen.h>
@@ -56,8 +57,15 @@ StepOutput sample_batch(const StepBatch& batch, const at::Tensor& logits) {
 }
 
 StageResult run_stage(const ModelShard& shard, BlockPool& pool, const StepBatch& batch,
-                      const at::Tensor& hidden) {
+                      const at::Tensor& hidden, DecodeGraphs* graphs) {
   const StepContext ctx = make_step_context(batch, pool.block_size(), shard.device());
+  if (graphs != nullptr && graphs->handles(batch, ctx)) {
+    StageResult r;
+    const at::Tensor out = graphs->run(batch, ctx, hidden);
+    if (shard.has_head()) r.output = sample_batch(batch, out);
+    else r.hidden = out;
+    return r;
+  }
   // A stage's input from host memory (ranks sharing a GPU) crosses without waiting for the
   // device: the copy is staged, and the step's kernels queue behind it.
   const at::Tensor input = shard.has_embedding() ? shard.embed(ctx.token_ids)
@@ -70,7 +78,7 @@ StageResult run_stage(const ModelShard& shard, BlockPool& pool, const StepBatch&
 
 void LocalExecutor::submit(const StepBatch& batch) {
   const ScopedSpan span(trace_, SpanKind::kCompute, next_id_++);
-  done_.push_back(run_stage(shard_, pool_, batch, {}).output);
+  done_.push_back(run_stage(shard_, pool_, batch, {}, graphs_).output);
 }
 
 StepOutput LocalExecutor::wait() {

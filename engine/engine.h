@@ -21,6 +21,8 @@
 
 namespace kvpipe {
 
+class DecodeGraphs;
+
 // Runs micro-batches: `submit` starts one, `wait` returns the oldest one's sampled tokens
 // (outputs come back in submission order). Up to max_in_flight() may be outstanding.
 class StepExecutor {
@@ -39,8 +41,9 @@ StepOutput sample_batch(const StepBatch& batch, const at::Tensor& logits);
 // The whole model on this rank. `trace` (optional) gets a compute span per micro-batch.
 class LocalExecutor : public StepExecutor {
  public:
-  LocalExecutor(const ModelShard& shard, BlockPool& pool, TraceRecorder* trace = nullptr)
-      : shard_(shard), pool_(pool), trace_(trace) {}
+  LocalExecutor(const ModelShard& shard, BlockPool& pool, TraceRecorder* trace = nullptr,
+                DecodeGraphs* graphs = nullptr)
+      : shard_(shard), pool_(pool), trace_(trace), graphs_(graphs) {}
   void submit(const StepBatch& batch) override;
   StepOutput wait() override;
 
@@ -48,6 +51,7 @@ class LocalExecutor : public StepExecutor {
   const ModelShard& shard_;
   BlockPool& pool_;
   TraceRecorder* trace_;
+  DecodeGraphs* graphs_;
   int64_t next_id_ = 0;
   std::deque<StepOutput> done_;
 };
@@ -59,8 +63,9 @@ struct StageResult {
   at::Tensor hidden;
   StepOutput output;
 };
+// With `graphs`, decode steps it handles replay its CUDA graphs (engine/decode_graphs.h).
 StageResult run_stage(const ModelShard& shard, BlockPool& pool, const StepBatch& batch,
-                      const at::Tensor& hidden);
+                      const at::Tensor& hidden, DecodeGraphs* graphs = nullptr);
 
 struct TokenEvent {
   int64_t request_id = 0;

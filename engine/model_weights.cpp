@@ -109,6 +109,15 @@ at::ScalarType parse_dtype(const std::string& name, const std::string& what) {
   throw std::invalid_argument(what + ": unknown dtype '" + name + "' (float32, float16, bfloat16)");
 }
 
+std::string dtype_name(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return "float32";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    default: return c10::toString(dtype);
+  }
+}
+
 ModelConfig load_model_config(const std::string& path) {
   if (path.rfind(kDummyPrefix, 0) == 0) {
     ModelConfig cfg = preset_config(path.substr(std::string(kDummyPrefix).size()));

@@ -105,6 +105,8 @@ StoredWeightBytes stored_weight_bytes(const std::string& path, const ModelConfig
 
 // "float32" | "float16" | "bfloat16"; std::invalid_argument naming `what` otherwise.
 at::ScalarType parse_dtype(const std::string& name, const std::string& what);
+// The name parse_dtype reads for `dtype` (LibTorch's own name for others).
+std::string dtype_name(at::ScalarType dtype);
 
 // Default std of random weights.
 constexpr double kDefaultInitStd = 0.02;

@@ -25,8 +25,13 @@ int64_t injected_fault_micro_batch(int rank) {
 }  // namespace
 
 PipelineExecutor::PipelineExecutor(const ModelShard& shard, BlockPool& pool, PipelineChannel& channel,
-                                   int world_size, size_t micro_batches)
-    : shard_(shard), pool_(pool), channel_(channel), last_rank_(world_size - 1), micro_batches_(micro_batches) {
+                                   int world_size, size_t micro_batches, DecodeGraphs* graphs)
+    : shard_(shard),
+      pool_(pool),
+      channel_(channel),
+      last_rank_(world_size - 1),
+      micro_batches_(micro_batches),
+      graphs_(graphs) {
   if (world_size < 2) throw std::logic_error("a pipeline needs at least two ranks");
 }
 
@@ -35,7 +40,7 @@ void PipelineExecutor::submit(const StepBatch& batch) {
   StageResult r;
   {
     const ScopedSpan span(channel_.trace(), SpanKind::kCompute, id);
-    r = run_stage(shard_, pool_, batch, {});
+    r = run_stage(shard_, pool_, batch, {}, graphs_);
   }
   channel_.send(1, encode_step_header(batch, id), r.hidden);
 }
@@ -58,7 +63,7 @@ void PipelineExecutor::shutdown() {
 }
 
 void run_stage_worker(const ModelShard& shard, BlockPool& pool, PipelineChannel& channel, int rank,
-                      int world_size) {
+                      int world_size, DecodeGraphs* graphs) {
   const bool last = rank == world_size - 1;
   const int64_t fault_at = injected_fault_micro_batch(rank);
   for (;;) {
@@ -74,7 +79,7 @@ void run_stage_worker(const ModelShard& shard, BlockPool& pool, PipelineChannel&
     StageResult r;
     {
       const ScopedSpan span(channel.trace(), SpanKind::kCompute, micro_batch);
-      r = run_stage(shard, pool, batch, m.tensor);
+      r = run_stage(shard, pool, batch, m.tensor, graphs);
     }
     if (!last) {
       channel.send(rank + 1, m.header, r.hidden);

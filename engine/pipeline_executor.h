@@ -16,7 +16,7 @@ namespace kvpipe {
 class PipelineExecutor : public StepExecutor {
  public:
   PipelineExecutor(const ModelShard& shard, BlockPool& pool, PipelineChannel& channel, int world_size,
-                   size_t micro_batches);
+                   size_t micro_batches, DecodeGraphs* graphs = nullptr);
   size_t max_in_flight() const override { return micro_batches_; }
   void submit(const StepBatch& batch) override;
   StepOutput wait() override;
@@ -29,11 +29,12 @@ class PipelineExecutor : public StepExecutor {
   PipelineChannel& channel_;
   int last_rank_;
   size_t micro_batches_;
+  DecodeGraphs* graphs_;
   int64_t next_id_ = 0;
 };
 
 // Runs a non-coordinator stage until rank 0 shuts the pipeline down.
 void run_stage_worker(const ModelShard& shard, BlockPool& pool, PipelineChannel& channel, int rank,
-                      int world_size);
+                      int world_size, DecodeGraphs* graphs = nullptr);
 
 }  // namespace kvpipe

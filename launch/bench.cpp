@@ -234,7 +234,9 @@ ordered_json make_report(const ReportInputs& in) {
   report["config"] = {
       {"file", in.options.config},
       {"overrides", in.options.overrides},
-      {"model", {{"path", job.model.path}, {"dtype", job.model.dtype}, {"layers", plan.model.num_layers},
+      {"runtime", {{"device", plan.device_type == at::kCUDA ? "cuda" : "cpu"},
+                   {"cuda_graphs", job.runtime.cuda_graphs}}},
+      {"model", {{"path", job.model.path}, {"dtype", dtype_name(plan.dtype)}, {"layers", plan.model.num_layers},
                  {"hidden_size", plan.model.hidden_size}, {"vocab_size", plan.model.vocab_size},
                  {"max_position", plan.model.max_position}}},
       {"parallel", {{"layers", layers}, {"micro_batches", micro_batches}, {"backend", job.parallel.backend}}},
@@ -420,7 +422,8 @@ ordered_json bench_machine_json() {
                       {"cpu", cpu_model()},
                       {"cores", std::thread::hardware_concurrency()},
                       {"memory_bytes", host_memory_bytes()},
-                      {"gpus", at::detail::getCUDAHooks().getNumGPUs()}};
+                      {"gpus", at::detail::getCUDAHooks().getNumGPUs()},
+                      {"gpu", cuda_device_count() > 0 ? cuda_device_name(0) : ""}};
 }
 
 void bench(const BenchOptions& o, World& world) {

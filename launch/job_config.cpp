@@ -413,7 +413,8 @@ class Validator {
             {"threads", integer(&r.threads, 1, kMaxThreads)},
             {"memory", runtime_memory(&r)},
             {"share_gpu", boolean(&r.share_gpu)},
-            {"pin_threads", boolean(&r.pin_threads)}};
+            {"pin_threads", boolean(&r.pin_threads)},
+            {"cuda_graphs", boolean(&r.cuda_graphs)}};
   }
 
   std::vector<Field> parallel_fields(ParallelSection& p) {

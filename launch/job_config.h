@@ -44,6 +44,7 @@ struct RuntimeSection {
   std::optional<double> memory_share;   // `90%`: that share of the device's memory
   bool share_gpu = false;               // two ranks on one GPU is intended
   bool pin_threads = false;             // pin each rank's threads to its own cores
+  bool cuda_graphs = false;             // replay decode steps on a GPU from CUDA graphs
 };
 
 struct ParallelSection {

@@ -364,7 +364,7 @@ void print_plan(std::ostream& out, const JobPlan& plan) {
       << " concurrent tokens (" << plan.partition.num_blocks << " blocks x " << plan.block_size
       << " tokens per block), KV cache " << kv_dtype_name(plan.kv_dtype) << "\n";
   out << "plan: device " << (plan.device_type == at::kCUDA ? "cuda" : "cpu") << ", dtype "
-      << c10::toString(plan.dtype) << ", " << gib(double(plan.device_memory_bytes))
+      << dtype_name(plan.dtype) << ", " << gib(double(plan.device_memory_bytes))
       << (plan.device_type == at::kCUDA ? " of GPU memory per rank\n" : " of host memory\n");
   for (size_t r = 0; r < stages.size(); ++r) {
     const StagePlan& s = stages[r];

@@ -1,6 +1,7 @@
 #include "launch/job_runner.h"
 
 #include "cache/block_pool.h"
+#include "engine/decode_graphs.h"
 #include "engine/model_shard.h"
 #include "engine/kernels/cpu/blas_gemm.h"
 #include "engine/kernels/cpu/quant_types.h"
@@ -120,8 +121,17 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
   sel.embedding = world.rank() == 0;
   sel.head = world.rank() == world.size() - 1;
   const ModelShard shard(load_weights(job.model.path, plan.model, sel, plan.dtype, device), plan.first_cached_layer);
-  BlockPool pool(shard.kv_shape(plan.block_size, plan.kv_dtype), plan.partition.num_blocks, plan.dtype, device,
-                 plan.kv_dtype);
+  // CUDA graphs pad decode batches with rows that write into one scratch block past the
+  // scheduler's blocks.
+  const bool graphs_wanted = job.runtime.cuda_graphs && device.is_cuda();
+  const int64_t scratch_blocks = graphs_wanted ? 1 : 0;
+  BlockPool pool(shard.kv_shape(plan.block_size, plan.kv_dtype), plan.partition.num_blocks + scratch_blocks,
+                 plan.dtype, device, plan.kv_dtype);
+  std::unique_ptr<DecodeGraphs> graphs;
+  if (graphs_wanted)
+    graphs = std::make_unique<DecodeGraphs>(shard, pool, job.scheduler.max_batch, plan.partition.num_blocks);
+  else if (job.runtime.cuda_graphs)
+    log_printf(LogLevel::kWarn, "runtime.cuda_graphs: the rank computes on the CPU; decode steps run without graphs");
 
   const int64_t resident_bytes = shard.weights().bytes() + pool.bytes();
   // What the GPU held at its peak against what the plan allowed beside weights and KV pool:
@@ -148,7 +158,7 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
   if (world.size() == 1) {
     outcome.backend = "local";
     if (trace) trace->start(world);
-    LocalExecutor executor(shard, pool, trace);
+    LocalExecutor executor(shard, pool, trace, graphs.get());
     CoordinatorContext ctx{job, plan, shard, executor, world};
     coordinator(ctx);
     if (trace) outcome.traces = trace->gather(world);
@@ -163,12 +173,12 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
   if (world.is_coordinator()) channel.start();
   else channel.start_on_first_message();
   if (world.is_coordinator()) {
-    PipelineExecutor executor(shard, pool, channel, world.size(), micro_batches);
+    PipelineExecutor executor(shard, pool, channel, world.size(), micro_batches, graphs.get());
     CoordinatorContext ctx{job, plan, shard, executor, world};
     coordinator(ctx);
     executor.shutdown();
   } else {
-    run_stage_worker(shard, pool, channel, world.rank(), world.size());
+    run_stage_worker(shard, pool, channel, world.rank(), world.size(), graphs.get());
   }
   channel.stop();
   channel.set_trace(nullptr);

@@ -6,6 +6,7 @@
 // GPU against float32 on the CPU.
 #include "cache/block_pool.h"
 #include "engine/attention_backend.h"
+#include "engine/decode_graphs.h"
 #include "engine/engine.h"
 #include "engine/model_shard.h"
 #include "engine/model_weights.h"
@@ -239,6 +240,60 @@ TEST(GpuBFloat16, LogProbsMatchCpuFloat32) {
   for (const Request& r : requests)
     expect_same_run(got.tokens.at(r.id), got.logits.at(r.id), want.tokens.at(r.id), want.logits.at(r.id), 2e-2,
                     /*exact_tokens=*/false, "request " + std::to_string(r.id));
+}
+
+TEST(DecodeGraphs, BucketsPadToPowersOfTwoThenMultiplesOfEight) {
+  EXPECT_EQ(decode_graph_bucket(1, 64), 1);
+  EXPECT_EQ(decode_graph_bucket(3, 64), 4);
+  EXPECT_EQ(decode_graph_bucket(8, 64), 8);
+  EXPECT_EQ(decode_graph_bucket(9, 64), 16);
+  EXPECT_EQ(decode_graph_bucket(17, 64), 24);
+  EXPECT_EQ(decode_graph_bucket(64, 64), 64);
+  EXPECT_EQ(decode_graph_bucket(61, 62), 62);  // capped at max_batch
+  EXPECT_EQ(decode_graph_bucket(65, 64), 0);
+  EXPECT_EQ(decode_graph_bucket(0, 64), 0);
+  // Graphs are a GPU's: a shard on the CPU is refused.
+  const ModelShard cpu_shard(random_weights(device_config(), {{0, 2}, true, true}, 1, 0.1, at::kFloat));
+  BlockPool pool(cpu_shard.kv_shape(16), 4, at::kFloat, at::kCPU);
+  EXPECT_THROW({ DecodeGraphs graphs(cpu_shard, pool, 8, 3); }, std::invalid_argument);
+}
+
+// Decode steps replayed from CUDA graphs (padded batches, rows joining and leaving between
+// steps) give what the same steps give launched one kernel at a time.
+TEST(GpuDecodeGraphs, ReplayMatchesEagerSteps) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: CUDA graphs need a GPU";
+  const ModelConfig cfg = device_config();
+  const ModelWeights cpu = random_weights(cfg, {{0, cfg.num_layers}, true, true}, 5, 0.1, at::kFloat);
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const ModelShard shard(move_weights(cpu, at::Device(at::kCUDA, 0), dtype));
+    std::vector<Request> requests;
+    for (int64_t i = 0; i < 11; ++i)
+      requests.push_back(make_request(i, prompt_of(5 + 7 * i, i, cfg.vocab_size), 6 + i, i / 2));
+    SchedulerOptions o;
+    o.block_size = 16;
+    o.max_batch = 16;
+    const int64_t blocks = 96;
+    const Generated eager = kvpipe::testing::run_engine(shard, o, blocks, requests);
+    BlockPool pool(shard.kv_shape(o.block_size), blocks + 1, dtype, shard.device());
+    DecodeGraphs graphs(shard, pool, o.max_batch, blocks);
+    LocalExecutor executor(shard, pool, nullptr, &graphs);
+    EngineOptions eo;
+    eo.scheduler = o;
+    eo.scheduler.max_context = cfg.max_position;
+    eo.keep_logits = true;
+    Engine engine(executor, cfg, blocks, eo);
+    for (const Request& r : requests) engine.add(r);
+    Generated replayed;
+    engine.run([&](const TokenEvent& ev) {
+      replayed.tokens[ev.request_id].push_back(ev.token);
+      replayed.logits[ev.request_id].push_back(at::from_blob(const_cast<float*>(ev.logits), {ev.vocab}).clone());
+    });
+    EXPECT_GE(graphs.graphs_captured(), 2) << "batches of several sizes should have replayed";
+    const DeviceCase c{"graphs", at::kCUDA, dtype, std::nullopt, {}};
+    for (const Request& r : requests)
+      expect_same_run(replayed.tokens.at(r.id), replayed.logits.at(r.id), eager.tokens.at(r.id), eager.logits.at(r.id),
+                      tolerance(c), dtype == at::kFloat, "request " + std::to_string(r.id));
+  }
 }
 
 // Which path a step takes: the CPU computes per sequence unless told otherwise, a window

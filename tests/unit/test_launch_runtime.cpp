@@ -218,6 +218,16 @@ TEST_F(LaunchJob, RuntimeDevice) {
     EXPECT_NE(hidden.err.find("cannot use a GPU"), std::string::npos) << hidden.err;
     EXPECT_EQ(std::count(hidden.err.begin(), hidden.err.end(), '\n'), 1) << hidden.err;
   }
+  // CUDA graphs are a GPU's: on the CPU the key is ignored with a warning, and tokens do not change.
+  const CommandResult graphs = kvpipe::testing::run_command(
+      std::string("CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=1 ") + KVPIPE_BINARY + " generate --config " +
+          (dir_ / "job.yaml").string() + " --log-level warn --set runtime.cuda_graphs=true",
+      dir_);
+  EXPECT_EQ(graphs.code, 0) << graphs.err;
+  EXPECT_NE(graphs.err.find("runtime.cuda_graphs"), std::string::npos) << graphs.err;
+  const CommandResult plain = kvpipe::testing::run_command("CUDA_VISIBLE_DEVICES= " + base + "cpu", dir_);
+  const auto tokens = [](const std::string& line) { return nlohmann::json::parse(line).at("output_ids"); };
+  EXPECT_EQ(tokens(graphs.out), tokens(plain.out));
   const CommandResult bad = kvpipe::testing::run_command(base + "tpu", dir_);
   EXPECT_EQ(bad.code, 2) << bad.err;
   EXPECT_NE(bad.err.find("runtime.device"), std::string::npos) << bad.err;
