@@ -1,0 +1,829 @@
+#!/usr/bin/env bash
+# The GPU check: builds kvpipe on a machine with one NVIDIA GPU (sm_90, an H100/H200), runs
+# the GPU tests and a set of measurements, and prints one Markdown table of results, in one
+# unattended run that fits a fixed time budget.
+#
+#   scripts/gpu_check.sh [--out DIR] [--dry-run] [--build-dir DIR] [--jobs N] [--skip-build]
+#                        [--budget SECONDS]
+#
+#   --out DIR         results (default out/gpu_check): summary.md, summary.csv, tests.csv,
+#                     bench.csv and gpu_check.log (every command and its output)
+#   --dry-run         every step on the CPU with the tiny preset, against an already configured
+#                     build directory (kvpipe and the unit tests built if out of date, never
+#                     reconfigured or cleaned)
+#   --build-dir DIR   build directory (default build/gpu)
+#   --jobs N          build and test parallelism (default: the number of CPUs)
+#   --skip-build      use the build directory as it is
+#   --budget SECONDS  wall-clock budget of the whole run (default 540; each step is
+#                     time-boxed inside it and later steps get what is left)
+#
+# The machine needs the compiler, CMake, the CUDA toolkit (nvcc; $CUDA_HOME or
+# /usr/local/cuda, else the nvcc on PATH) and a python3 whose torch is the CUDA build kvpipe
+# links (.venv/bin/python when it imports torch, else python3). kvpipe's other dependencies
+# may come as .deb files fetched beforehand on Debian 12 by scripts/gpu_deps.sh: they are
+# unpacked with dpkg-deb -x into .gpu_deps/root (never into /) and found from there.
+#
+# Steps, in this order; a step that fails or runs out of time is recorded and the next runs:
+#   deps       unpack .gpu_deps/debs/*.deb (skipped when there are none)
+#   configure  cmake, Release, TORCH_CUDA_ARCH_LIST=9.0 (Ninja when present)
+#   build      the kvpipe executable, then the unit-test executable
+#   tests      ctest -L gpu (must pass, not skip, on a GPU)
+#   a. decode  batch-1 decode tokens/s (1000 / TPOT of a 128-token generate) against the HBM
+#              floor 4.8e12 B/s / (weight bytes read per decode step, from kvpipe's log)
+#   e. bf16    an init-model folder (small preset, bfloat16) run greedy on cuda in bfloat16
+#              and on the CPU in float32: the chosen tokens' logprobs and the tokens compared
+#   d. parity  `mpirun -np 2` (share_gpu, parallel.backend mpi) against one rank: greedy
+#              tokens and the full --logprobs-out vectors compared
+#   c. prefill tokens/s of 512- and 4096-token prompts (prompt length / TTFT, output 1 token)
+#   b. batch   decode tokens/s at batch 1, 8, 32, 64 with 1k and 8k contexts (kvpipe bench;
+#              batch x 1000 / median decode-only step), and batch 64 / batch 1
+#   unit       ctest -L unit, less the tests that need what only scripts/setup.sh fetches
+# a-d run dummy:llama3-8b (Llama-3-8B's shape, random weights) in bfloat16 on cuda.
+# The exit code is 1 when any check failed.
+# shellcheck disable=SC2317  # finish, cleanup and unpack_deb run from traps and subshells
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+
+# Paths given on the command line are relative to the working directory; the defaults to the
+# checkout.
+out=$root/out/gpu_check dry_run=0 build_dir=$root/build/gpu jobs="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 2)" skip_build=0 budget=540
+usage() { sed -n '6,18p' "$0" | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out=$2; shift 2 ;;
+    --dry-run) dry_run=1; shift ;;
+    --build-dir) build_dir=$2; shift 2 ;;
+    --jobs) jobs=$2; shift 2 ;;
+    --skip-build) skip_build=1; shift ;;
+    --budget) budget=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "gpu_check: unknown argument $1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check: --jobs needs a positive integer" >&2; exit 2; }
+[[ $budget =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check: --budget needs a positive integer" >&2; exit 2; }
+
+start=$(date +%s)
+deadline=$((start + budget))
+mkdir -p "$out" "$build_dir" || { echo "gpu_check: cannot create $out or $build_dir" >&2; exit 2; }
+out="$(cd "$out" && pwd)"
+build_dir="$(cd "$build_dir" && pwd)"
+cd "$root" || exit 2
+log="$out/gpu_check.log"
+summary_md="$out/summary.md" summary_csv="$out/summary.csv" tests_csv="$out/tests.csv" bench_csv="$out/bench.csv"
+tmp="$(mktemp -d "${TMPDIR:-/tmp}/kvpipe-gpu-check.XXXXXX")"
+: >"$log"
+echo "check,value,target,status,note" >"$summary_csv"
+echo "label,test,status,seconds" >"$tests_csv"
+echo "check,case,metric,value" >"$bench_csv"
+rows=()
+failed=0
+declare -A ctest_pid=()   # background ctest runs (ctest_start), by name
+
+# --- helpers -------------------------------------------------------------------------------
+
+say() { echo "$*"; echo "$*" >>"$log"; }
+logln() { echo "[$(($(date +%s) - start))s] $*" >>"$log"; }
+csv_field() {
+  local v=${1//$'\n'/ }
+  if [[ $v == *[,\"]* ]]; then v=${v//\"/\"\"}; printf '"%s"' "$v"; else printf '%s' "$v"; fi
+}
+csv_row() {
+  local file=$1 sep="" f
+  shift
+  { for f in "$@"; do printf '%s' "$sep"; csv_field "$f"; sep=","; done; printf '\n'; } >>"$file"
+}
+# record CHECK VALUE TARGET STATUS [NOTE]: one row of the summary (STATUS: pass, fail, info, skip).
+record() {
+  local check=$1 value=$2 target=$3 status=$4 note=${5:-}
+  note=${note//$'\n'/ }
+  [ ${#note} -gt 200 ] && note="${note:0:197}..."
+  rows+=("$check"$'\x1f'"$value"$'\x1f'"$target"$'\x1f'"$status"$'\x1f'"$note")
+  csv_row "$summary_csv" "$check" "$value" "$target" "$status" "$note"
+  [ "$status" = fail ] && failed=1
+  logln "RESULT $check | $value | $target | $status | $note"
+  echo "  -> $check: $value ($status)${note:+ - $note}"
+}
+bench_row() { csv_row "$bench_csv" "$@"; }
+# Seconds a step capped at $1 may take now, keeping 10 s for the summary.
+cap() {
+  local left=$((deadline - $(date +%s) - 10))
+  [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
+}
+# Seconds a step capped at $2 may take now while leaving $1 seconds for the steps after it.
+cap_leaving() {
+  local left=$((deadline - $(date +%s) - 10 - $1))
+  [ "$left" -lt "$2" ] && echo "$left" || echo "$2"
+}
+# run CAP CMD...: CMD time-boxed, its output appended to the log. Returns CMD's exit code;
+# 124 when it ran out of time, 125 when no time was left to start it.
+run() {
+  local c
+  c=$(cap "$1"); shift
+  if [ "$c" -lt 5 ]; then logln "not started (no time left): $*"; return 125; fi
+  logln "\$ $* (time box ${c}s)"
+  timeout -k 10 "$c" "$@" >>"$log" 2>&1
+  local rc=$?
+  logln "exit $rc"
+  return $rc
+}
+# run_io CAP STDOUT STDERR CMD...: as run, with standard output and error kept in files (and
+# copied into the log).
+run_io() {
+  local c o=$2 e=$3
+  c=$(cap "$1"); shift 3
+  if [ "$c" -lt 5 ]; then logln "not started (no time left): $*"; : >"$o"; echo "no time left" >"$e"; return 125; fi
+  logln "\$ $* (time box ${c}s)"
+  timeout -k 10 "$c" "$@" >"$o" 2>"$e"
+  local rc=$?
+  { head -c 20000 "$o"; head -c 20000 "$e"; } >>"$log"
+  logln "exit $rc"
+  return $rc
+}
+# Why a step failed, in one line: the last kvpipe error, else the last line of its stderr.
+why() {
+  local rc=$1 err=${2:-/dev/null} line
+  case $rc in
+    124|137) echo "timed out"; return ;;
+    125) echo "not run: out of time"; return ;;
+  esac
+  line=$(grep -E 'kvpipe(: rank [0-9]+)?: error' "$err" 2>/dev/null | tail -1)
+  [ -z "$line" ] && line=$(grep -v '^\s*$' "$err" 2>/dev/null | tail -1)
+  echo "exit $rc${line:+: $line}"
+}
+# Comma-separated token ids 0..n-1 of a vocabulary of v entries (a fixed pseudo-random walk).
+ids() { awk -v n="$1" -v v="$2" 'BEGIN { for (i = 0; i < n; i++) printf "%s%d", (i ? "," : ""), (i * 7919 + 13) % (v - 3) + 3 }'; }
+
+cleanup() { rm -rf "$tmp"; }
+finish() {
+  local status=$?
+  trap - EXIT INT TERM
+  if [ "$status" -gt 128 ]; then
+    record "gpu_check" "stopped by signal $((status - 128))" "" fail
+  elif [ "$status" != 0 ]; then
+    record "gpu_check" "ended early (exit $status)" "" fail "see gpu_check.log"
+  fi
+  {
+    echo "| check | value | target | status | note |"
+    echo "|---|---|---|---|---|"
+    local r check value target st note
+    for r in "${rows[@]}"; do
+      IFS=$'\x1f' read -r check value target st note <<<"$r"
+      printf '| %s | %s | %s | %s | %s |\n' "${check//|//}" "${value//|//}" "${target//|//}" \
+        "$st" "${note//|//}"
+    done
+  } >"$summary_md"
+  # A ctest still running in the background (stopped early): its time box ends it now.
+  local f
+  for f in "$tmp"/*.pid; do [ -e "$f" ] && [ ! -e "${f%.pid}.rc" ] && kill "$(cat "$f")" 2>/dev/null; done
+  [ ${#ctest_pid[@]} -gt 0 ] && wait "${ctest_pid[@]}" 2>/dev/null
+  cleanup
+  local elapsed=$(($(date +%s) - start))
+  {
+    echo
+    echo "## kvpipe GPU check$([ "$dry_run" = 1 ] && echo ' (dry run, CPU)'): ${gpu_name:-no GPU}, ${elapsed} s"
+    echo
+    cat "$summary_md"
+    echo
+    echo "results: $out (summary.md, summary.csv, tests.csv, bench.csv, gpu_check.log)"
+  } | tee -a "$log"
+  exit "$failed"
+}
+trap finish EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# --- what runs where -------------------------------------------------------------------------
+
+if [ $dry_run = 1 ]; then
+  mode="dry run on the CPU"
+  model='{path: "dummy:tiny", dtype: float32}' device=cpu vocab=512
+  cache_memory=64MiB parity_cache=64MiB e2e_preset=tiny e_cpu_cache=64MiB e_dev_cache=64MiB
+  decode_prompt=16 decode_tokens=8
+  batches=(1 2) contexts=(32 64) bench_output=4 prefills=(32 64)
+  parity_tokens=6 e2e_tokens=8 bench_cap=60 step_cap=60
+  unit_filter='^(LaunchDevice|PagedDecodeReference)\.' unit_name="ctest -L unit (subset)" perf_reserve=30
+else
+  mode="on the GPU"
+  model='{path: "dummy:llama3-8b", dtype: bfloat16}' device=cuda vocab=128256
+  cache_memory='"90%"' parity_cache=4GiB e2e_preset=small e_cpu_cache=256MiB e_dev_cache=1GiB
+  decode_prompt=128 decode_tokens=128
+  batches=(1 8 32 64) contexts=(1024 8192) bench_output=64 prefills=(512 4096)
+  parity_tokens=16 e2e_tokens=32 bench_cap=75 step_cap=120
+  unit_filter='' unit_name="ctest -L unit" perf_reserve=150
+fi
+hbm_bytes_per_s=4.8e12       # H200 HBM3e
+floor_ratio_target=0.5       # batch-1 decode / HBM floor
+batch_ratio_target_1k=10     # decode tok/s at batch 64 / batch 1, 1k context
+batch_ratio_target_8k=4      # the same at 8k context (KV reads dominate)
+parity_tolerance=1e-3        # 2 ranks vs 1: |logprob| difference, full vocabulary
+e2e_tolerance=2e-2           # bfloat16 on cuda vs float32 on CPU: chosen tokens' |logprob| difference
+# Tests of the unit label that need what only scripts/setup.sh fetches from the internet, or
+# what a bare GPU image lacks: the SmolLM2 GGUF that setup links under models/ (SmolLm2.*,
+# LaunchValidate.*, JobBounds.ValidateChecksTextAndChatRequestsThroughTheTokenizer), Python's
+# gguf package (QuantLegacyGguf.*, BlockTypes/QuantGguf.*), gnuplot for the sweep's plots
+# (BenchSweep.TwoPointSweepEndToEnd); and this check's own dry run (gpu_check_dry_run).
+unit_exclude='^(SmolLm2\.|LaunchValidate\.|JobBounds\.ValidateChecksTextAndChatRequestsThroughTheTokenizer$'
+unit_exclude+='|QuantLegacyGguf\.|BlockTypes/QuantGguf\.|BenchSweep\.TwoPointSweepEndToEnd$|gpu_check_dry_run$)'
+
+kvpipe="$build_dir/launch/kvpipe"
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Containers often refuse cross-memory attach (process_vm_readv); shared memory copies work.
+export OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-none}"
+# mpirun insists on an ssh/rsh agent even for local ranks; any program will do when none is there.
+runnable() { local p; p=$(command -v "$1") && [ -f "$p" ] && [ -x "$p" ]; }
+if ! runnable ssh && ! runnable rsh; then
+  export OMPI_MCA_plm_rsh_agent="${OMPI_MCA_plm_rsh_agent:-false}"
+fi
+export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+if [ -z "${CUDA_HOME:-}" ] && [ ! -x /usr/local/cuda/bin/nvcc ] && command -v nvcc >/dev/null; then
+  CUDA_HOME="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"
+  export CUDA_HOME
+fi
+
+# The Python whose torch provides LibTorch (as CMakeLists.txt picks it when not told).
+kvpython=""
+if [ -x .venv/bin/python ] && timeout 120 .venv/bin/python -c 'import torch' >/dev/null 2>&1; then
+  kvpython="$root/.venv/bin/python"
+else
+  kvpython="$(command -v python3 || true)"
+fi
+
+# --- machine -------------------------------------------------------------------------------
+
+gpu_name=""
+if command -v nvidia-smi >/dev/null; then
+  timeout 30 nvidia-smi >>"$log" 2>&1
+  gpu_name=$(timeout 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
+fi
+if [ -z "$gpu_name" ] && [ -n "$kvpython" ]; then
+  gpu_name=$(timeout 120 "$kvpython" -c 'import torch
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print("%s, %.0f GiB (torch %s)" % (p.name, p.total_memory / 2**30, torch.__version__))' 2>>"$log" | tail -1)
+fi
+say "kvpipe GPU check ($mode): GPU: ${gpu_name:-none found}"
+say "machine: $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo) RAM," \
+    "$(getconf GNU_LIBC_VERSION 2>/dev/null), budget ${budget}s, build $build_dir, results $out"
+{
+  echo "--- environment"
+  uname -a; head -4 /etc/os-release 2>/dev/null
+  for t in c++ g++ cmake ninja nvcc ccache mpirun python3 dpkg-deb; do
+    printf '%s: %s\n' "$t" "$(command -v $t || echo missing)"
+  done
+  c++ --version 2>&1 | head -1; cmake --version 2>&1 | head -1
+  nvcc --version 2>&1 | tail -2; "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" --version 2>&1 | tail -1
+  echo "python for torch: $kvpython"
+} >>"$log" 2>&1
+if [ -n "$gpu_name" ]; then
+  record "GPU" "$gpu_name" "" info
+elif [ $dry_run = 1 ]; then
+  record "GPU" "none (dry run)" "" info
+else
+  record "GPU" "none found" "one CUDA GPU" fail "nvidia-smi and torch see no GPU"
+fi
+
+# --- deps: unpack the .deb files -----------------------------------------------------------
+
+deps_root="$root/.gpu_deps/root"
+shopt -s nullglob
+debs=("$root"/.gpu_deps/debs/*.deb)
+shopt -u nullglob
+have_debs=0
+[ ${#debs[@]} -gt 0 ] && have_debs=1
+unpack_deb() {
+  if command -v dpkg-deb >/dev/null; then dpkg-deb -x "$1" "$2"; return; fi
+  # Without dpkg: a .deb is an ar archive holding data.tar.{xz,zst,gz}.
+  local member
+  member=$(ar t "$1" | grep '^data\.tar') || return 1
+  case $member in
+    *.xz) ar p "$1" "$member" | tar -xJ -C "$2" ;;
+    *.zst) ar p "$1" "$member" | zstd -dc | tar -x -C "$2" ;;
+    *.gz) ar p "$1" "$member" | tar -xz -C "$2" ;;
+    *) ar p "$1" "$member" | tar -x -C "$2" ;;
+  esac
+}
+setup_deps() {
+  local d=$deps_root f n lib so
+  local mlib=$d/usr/lib/x86_64-linux-gnu
+  rm -rf "$d" && mkdir -p "$d" || return 1
+  for f in "${debs[@]}"; do
+    timeout 60 bash -c "$(declare -f unpack_deb); unpack_deb \"\$1\" \"\$2\"" _ "$f" "$d" >>"$log" 2>&1 ||
+      { echo "cannot unpack $(basename "$f")" >&2; return 1; }
+  done
+  # What update-alternatives would have linked on install.
+  for n in mpirun mpiexec mpicc mpicxx mpic++ mpiCC; do
+    [ -e "$d/usr/bin/$n.openmpi" ] && ln -sfn "$n.openmpi" "$d/usr/bin/$n"
+  done
+  [ -e "$d/usr/bin/pkgconf" ] && [ ! -e "$d/usr/bin/pkg-config" ] && ln -sfn pkgconf "$d/usr/bin/pkg-config"
+  [ -e "$d/usr/lib/libpsm1/libpsm_infinipath.so.1.16" ] &&
+    ln -sfn ../libpsm1/libpsm_infinipath.so.1.16 "$mlib/libpsm_infinipath.so.1"
+  # pkg-config files name /usr; the packages' CMake files locate themselves and need nothing.
+  find "$d" -name '*.pc' -type f -exec sed -i -e "s#=/usr\\(/\\|\$\\)#=$d/usr\\1#g" \
+    -e "s#-I/usr/#-I$d/usr/#g" -e "s#-L/usr/#-L$d/usr/#g" {} +
+  # Libraries the machine may have already, with stable interfaces, that kvpipe does not link
+  # itself (OpenSSL, gfortran's runtime, RDMA and netlink): the machine's copy is used, so that
+  # the unpacked one does not shadow it for every program started here (torch's NCCL included).
+  local cache
+  cache=$(ldconfig -p 2>/dev/null)
+  for so in libssl.so.3 libcrypto.so.3 libgfortran.so.5 libnuma.so.1 libbrotlicommon.so.1 \
+            libbrotlidec.so.1 libbrotlienc.so.1 libibverbs.so.1 librdmacm.so.1 libnl-3.so.200 \
+            libnl-route-3.so.200; do
+    grep -q "^[[:space:]]*$so " <<<"$cache" || continue
+    for f in "$mlib/$so" "$d/lib/x86_64-linux-gnu/$so"; do
+      [ -e "$f" ] && lib=$(readlink -f "$f") && rm -f "$f" "$lib" && echo "using the machine's $so" >>"$log"
+    done
+  done
+  export PATH="$d/usr/bin:$PATH"
+  export LD_LIBRARY_PATH="$mlib/openmpi/lib:$mlib/pmix2/lib:$mlib:$d/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export CMAKE_PREFIX_PATH="$d/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  export PKG_CONFIG_PATH="$mlib/pkgconfig:$d/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  # Multiarch headers (OpenSSL's configuration.h) sit where the compiler looks by default,
+  # /usr/include/x86_64-linux-gnu: the unpacked folder is added as a system include folder.
+  export CPLUS_INCLUDE_PATH="$d/usr/include/x86_64-linux-gnu${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
+  export C_INCLUDE_PATH="$d/usr/include/x86_64-linux-gnu${C_INCLUDE_PATH:+:$C_INCLUDE_PATH}"
+  # Open MPI finds its components, help files and wrapper data under OPAL_PREFIX; PMIx (which
+  # ignores it) is told where its components are.
+  export OPAL_PREFIX="$d/usr"
+  export PMIX_MCA_mca_base_component_path="$mlib/pmix2/lib/pmix"
+  # Components for hardware the machine may lack (InfiniBand, OFI, netlink) fail to load, which
+  # Open MPI reports on every rank's stderr (and tests read stderr): they are optional.
+  export OMPI_MCA_mca_base_component_show_load_errors="${OMPI_MCA_mca_base_component_show_load_errors:-0}"
+  {
+    echo "--- unpacked environment"
+    env | grep -E '^(PATH|LD_LIBRARY_PATH|CMAKE_PREFIX_PATH|PKG_CONFIG_PATH|C_INCLUDE_PATH|CPLUS_INCLUDE_PATH|OPAL_PREFIX|PMIX_|OMPI_)' | sort
+  } >>"$log"
+  return 0
+}
+if [ $have_debs = 1 ]; then
+  logln "--- deps: unpacking ${#debs[@]} .deb files into $deps_root"
+  if setup_deps 2>"$tmp/deps.err"; then
+    need=$(sed -n 's/^# needs: GLIBC_\([0-9.]*\).*/\1/p' "$root/.gpu_deps/debs/manifest.txt" 2>/dev/null)
+    have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+    if ! v=$(timeout 30 mpirun --version 2>&1 | head -1); then
+      record "deps" "unpacked, mpirun does not start" "" fail "$v"
+    elif [ -n "$need" ] && [ -n "$have" ] && [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" != "$need" ]; then
+      record "deps" "unpacked" "glibc >= $need" fail "this machine has glibc $have"
+    else
+      record "deps" "unpacked ${#debs[@]} .deb" "" pass "$v at $(command -v mpirun)"
+    fi
+  else
+    record "deps" "unpacking failed" "" fail "$(tail -1 "$tmp/deps.err")"
+  fi
+else
+  record "deps" "no .deb files: the machine's packages" "" info
+fi
+
+# --- build ---------------------------------------------------------------------------------
+
+built_kvpipe=0 built_tests=0
+if [ $skip_build = 1 ]; then
+  record "build" "skipped (--skip-build)" "" info
+elif [ $dry_run = 1 ]; then
+  if [ ! -f "$build_dir/CMakeCache.txt" ]; then
+    record "build" "not configured" "configured build dir" fail "$build_dir has no CMakeCache.txt (the dry run never configures)"
+  elif run 300 cmake --build "$build_dir" --target kvpipe kvpipe_unit_tests -j "$jobs"; then
+    record "build" "up to date" "" pass "cmake --build $build_dir --target kvpipe kvpipe_unit_tests"
+  else
+    record "build" "failed" "" fail "$(why $? /dev/null) (see gpu_check.log)"
+  fi
+else
+  cmake_args=(-S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DKVPIPE_PYTHON="$kvpython")
+  [ ! -f "$build_dir/CMakeCache.txt" ] && command -v ninja >/dev/null && cmake_args+=(-G Ninja)
+  if [ $have_debs = 1 ] && [ -d "$deps_root" ]; then
+    # CMakeLists.txt looks for OpenBLAS in Debian's own folder only; MPI's wrapper and
+    # launcher are named so that nothing else on the machine is picked.
+    ob="$deps_root/usr/lib/x86_64-linux-gnu/openblas-pthread"
+    cmake_args+=(-DOPENBLAS_LIBRARY="$ob/libopenblas.so"
+                 -DOPENBLAS_INCLUDE_DIR="$deps_root/usr/include/x86_64-linux-gnu/openblas-pthread"
+                 -DMPI_CXX_COMPILER="$deps_root/usr/bin/mpicxx" -DMPIEXEC_EXECUTABLE="$deps_root/usr/bin/mpirun")
+  fi
+  t0=$(date +%s)
+  if run 180 cmake "${cmake_args[@]}"; then
+    record "configure" "ok in $(($(date +%s) - t0)) s" "" pass
+    t0=$(date +%s)
+    if run 420 cmake --build "$build_dir" --target kvpipe -j "$jobs"; then
+      record "build kvpipe" "ok in $(($(date +%s) - t0)) s" "" pass
+      built_kvpipe=1
+    else
+      record "build kvpipe" "failed" "" fail "$(why $? /dev/null) (see gpu_check.log)"
+    fi
+    t0=$(date +%s)
+    if run 300 cmake --build "$build_dir" --target kvpipe_unit_tests -j "$jobs"; then
+      record "build unit tests" "ok in $(($(date +%s) - t0)) s" "" pass
+      built_tests=1
+    else
+      record "build unit tests" "failed" "" fail "$(why $? /dev/null) (see gpu_check.log)"
+    fi
+  else
+    record "configure" "failed" "" fail "$(why $? /dev/null): $(grep -E 'CMake Error|kvpipe:' "$log" | tail -2 | tr '\n' ' ')"
+  fi
+fi
+
+# --- tests ---------------------------------------------------------------------------------
+
+# ctest_start NAME CAP CTEST-ARGS...: starts ctest in the background, time-boxed; ctest_finish
+# NAME waits for it and records its results (tests.csv, one summary row). ctest_label: both.
+slug() { echo "$1" | tr -c 'A-Za-z0-9\n' '_'; }
+ctest_start() {
+  local name=$1 c s stop
+  s=$(slug "$1")
+  c=$(cap "$2"); shift 2
+  rm -f "$tmp/$s.rc" "$tmp/$s.xml"
+  if [ "$c" -lt 10 ]; then echo 125 >"$tmp/$s.rc"; logln "not started (no time left): ctest $*"; return; fi
+  # Tests stop being started (and running ones time out) 5 s before the time box ends.
+  stop=$(date -d "@$(($(date +%s) + c - 5))" +%H:%M:%S)
+  # How many tests the selection holds: those the time box cuts off are not in ctest's report.
+  ctest --test-dir "$build_dir" -N "$@" 2>/dev/null | sed -n 's/^Total Tests: *//p' >"$tmp/$s.total"
+  logln "\$ ctest $* (time box ${c}s)"
+  ( timeout -k 10 "$c" ctest --test-dir "$build_dir" --output-on-failure --timeout 300 --stop-time "$stop" \
+      -j "$jobs" --output-junit "$tmp/$s.xml" "$@" >"$tmp/$s.out" 2>"$tmp/$s.err" &
+    echo $! >"$tmp/$s.pid"
+    wait $!
+    echo $? >"$tmp/$s.rc" ) &
+  ctest_pid[$s]=$!
+}
+ctest_finish() {
+  local name=$1 s rc counts
+  s=$(slug "$1")
+  [ -n "${ctest_pid[$s]:-}" ] && wait "${ctest_pid[$s]}"
+  unset "ctest_pid[$s]"
+  rc=$(cat "$tmp/$s.rc" 2>/dev/null || echo 1)
+  { cat "$tmp/$s.out" "$tmp/$s.err" 2>/dev/null | tail -c 100000; } >>"$log"
+  logln "exit $rc ($name)"
+  if [ "$rc" = 125 ]; then record "$name" "not run" "all pass" fail "out of time"; return; fi
+  # JUnit from ctest >= 3.21; else its console lines.
+  counts=$(python3 - "$tmp/$s.xml" "$tmp/$s.out" "$name" "$tests_csv" "$(cat "$tmp/$s.total" 2>/dev/null)" <<'PY'
+import csv, os, re, sys, xml.etree.ElementTree as ET
+junit, console, label, out, total = sys.argv[1:6]
+text = ""
+for path in (console, console[:-4] + ".err"):   # ctest's standard output and error
+    if os.path.exists(path):
+        text += open(path, errors="replace").read()
+results = []   # (name, status, seconds)
+if os.path.exists(junit) and os.path.getsize(junit) > 0:
+    for tc in ET.parse(junit).getroot().iter("testcase"):
+        st, sk = tc.get("status", ""), tc.find("skipped")
+        if st == "run":
+            s = "passed"
+        elif st == "fail":
+            s = "failed"
+        elif sk is not None and "SKIP_REGULAR_EXPRESSION" in (sk.get("message") or ""):
+            s = "skipped"
+        else:
+            s = "not run"
+        results.append((tc.get("name"), s, tc.get("time", "")))
+else:
+    pat = re.compile(r"Test +#\d+: (\S+) \.*\s*(\**)(Passed|Failed|Skipped|Timeout|Not Run|Exception|SEGFAULT|Subprocess aborted|\w+)[^\d]*([\d.]+) sec")
+    for line in text.splitlines():
+        m = pat.search(line)
+        if m:
+            s = {"Passed": "passed", "Skipped": "skipped", "Not Run": "not run"}.get(m.group(3), "failed")
+            results.append((m.group(1), s, m.group(4)))
+# Past ctest's --stop-time the tests still running time out: cut off, not failed.
+stopped = "stop time has been passed" in text
+if stopped:
+    cut = set(re.findall(r"Test +#\d+: (\S+) \.*\s*\**Timeout", text))
+    results = [(r[0], "not run" if r[1] == "failed" and r[0] in cut else r[1], r[2]) for r in results]
+n = {"passed": 0, "failed": 0, "skipped": 0, "not run": 0}
+with open(out, "a", newline="") as f:
+    w = csv.writer(f)
+    for name, s, t in results:
+        n[s] += 1
+        w.writerow([label, name, s, t])
+if total.isdigit() and int(total) > len(results):
+    n["not run"] += int(total) - len(results)
+    stopped = True
+failed = [r[0] for r in results if r[1] == "failed"]
+print(n["passed"], n["failed"], n["skipped"], n["not run"], int(stopped), " ".join(failed[:4]))
+PY
+)
+  local passed failedn skipped notrun stopped names
+  read -r passed failedn skipped notrun stopped names <<<"$counts"
+  local total=$((${passed:-0} + ${failedn:-0} + ${skipped:-0} + ${notrun:-0}))
+  local value="$passed passed, $failedn failed, $skipped skipped, $notrun not run"
+  if [ "$total" = 0 ]; then
+    record "$name" "no tests" "all pass" fail "$(why "$rc" "$tmp/$s.err")"
+  elif [ "$failedn" -gt 0 ] || [ "$notrun" -gt 0 ]; then
+    local why_not=""
+    [ "$stopped" = 1 ] || [ "$rc" = 124 ] && why_not="out of time: $notrun not run"
+    record "$name" "$value" "all pass" fail "${names:+failed: $names}${names:+${why_not:+; }}$why_not"
+  elif [ "$name" = "ctest -L gpu" ] && [ $dry_run = 0 ] && [ "$skipped" -gt 0 ]; then
+    record "$name" "$value" "all pass" fail "skipped on a GPU machine: the tests see no CUDA device"
+  else
+    record "$name" "$value" "all pass" pass
+  fi
+}
+ctest_label() { ctest_start "$@"; ctest_finish "$1"; }
+
+have_tests=0
+[ -f "$build_dir/CTestTestfile.cmake" ] && { [ $built_tests = 1 ] || [ $dry_run = 1 ] || [ $skip_build = 1 ]; } && have_tests=1
+if [ $have_tests = 1 ]; then
+  ctest_label "ctest -L gpu" 120 -L gpu
+else
+  record "ctest -L gpu" "not run" "all pass" fail "no unit-test build"
+fi
+
+# --- benchmarks ----------------------------------------------------------------------------
+
+have_kvpipe=0
+# A GPU run measures the kvpipe it built; the dry run (and --skip-build) the one that is there.
+[ -x "$kvpipe" ] && { [ $built_kvpipe = 1 ] || [ $dry_run = 1 ] || [ $skip_build = 1 ]; } && have_kvpipe=1
+[ $have_kvpipe = 0 ] && logln "no kvpipe executable at $kvpipe: the measurements fail"
+cpu_threads=$(( $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) < 8 ? 1 : 8 ))
+cat >"$tmp/job.yaml" <<YAML
+model: $model
+runtime: {device: $device}
+cache: {memory: $cache_memory}
+sampling: {ignore_eos: true}
+YAML
+cat >"$tmp/parity.yaml" <<YAML
+model: $model
+runtime: {device: $device, share_gpu: true}
+parallel: {backend: mpi}
+cache: {memory: $parity_cache}
+sampling: {temperature: 0.0, ignore_eos: true}
+YAML
+
+# Fields of a bench report.json as KEY=VALUE lines (empty when absent).
+report_fields() {
+  python3 - "$1" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception:
+    sys.exit(1)
+lat = r.get("latency_ms", {})
+def g(*path):
+    v = r
+    for p in path:
+        v = v.get(p) if isinstance(v, dict) else None
+    return "" if v is None else v
+print("decode_step_ms=%s" % g("latency_ms", "decode_step", "median"))
+print("decode_steps=%s" % g("latency_ms", "decode_step", "count"))
+print("tpot_ms=%s" % g("latency_ms", "tpot", "mean"))
+print("ttft_ms=%s" % g("latency_ms", "ttft", "median"))
+print("output_tok_s=%s" % g("throughput", "output_tokens_per_s"))
+print("completed=%s" % g("requests", "completed"))
+print("weight_bytes=%s" % g("decode_weight_bytes"))
+PY
+}
+# get KEY FILE-OF-KEY=VALUE-LINES
+get() { sed -n "s/^$1=//p" "$2" | head -1; }
+calc() { awk "BEGIN { v = $1; if (v != v) print \"\"; else printf \"%.${2:-1}f\", v }" 2>/dev/null; }
+ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "" && a + 0 >= b + 0) }'; }
+# Status of a performance row: info on the CPU (targets are for the GPU), else pass/fail.
+perf_status() {
+  if [ $dry_run = 1 ]; then echo info; elif ge "$1" "$2"; then echo pass; else echo fail; fi
+}
+
+# a. batch-1 decode against the HBM floor.
+step_a() {
+  local o="$tmp/a.out" e="$tmp/a.err" tpot bytes tok floor ratio
+  run_io "$step_cap" "$o" "$e" "$kvpipe" generate --config "$tmp/job.yaml" \
+    --prompt-ids "$(ids "$decode_prompt" "$vocab")" --max-new-tokens "$decode_tokens"
+  local rc=$?
+  tpot=$(grep -oE '"tpot_ms":[0-9.eE+-]+' "$o" | head -1 | cut -d: -f2)
+  bytes=$(grep -oE '[0-9]+ weight bytes read per decode step' "$e" | head -1 | awk '{print $1}')
+  if [ $rc != 0 ] || [ -z "$tpot" ] || [ -z "$bytes" ]; then
+    record "a. batch-1 decode / HBM floor" "no result" ">= $floor_ratio_target" fail "$(why $rc "$e")"
+    return
+  fi
+  tok=$(calc "1000 / $tpot") floor=$(calc "$hbm_bytes_per_s / $bytes") ratio=$(calc "(1000 / $tpot) / ($hbm_bytes_per_s / $bytes)" 3)
+  bench_row a "batch 1, prompt $decode_prompt, $decode_tokens tokens" tpot_ms "$tpot"
+  bench_row a "batch 1" decode_tok_s "$tok"
+  bench_row a "batch 1" weight_bytes_per_step "$bytes"
+  bench_row a "batch 1" hbm_floor_tok_s "$floor"
+  bench_row a "batch 1" ratio "$ratio"
+  record "a. batch-1 decode / HBM floor" "$ratio" ">= $floor_ratio_target" "$(perf_status "$ratio" "$floor_ratio_target")" \
+    "$tok tok/s, floor $floor tok/s ($bytes B/step at 4.8 TB/s)"
+}
+
+# Compares two --logprobs-out files of one request, step by step while the tokens agree.
+compare_logprobs() {
+  python3 - "$1" "$2" <<'PY'
+import json, math, sys
+def load(path):
+    steps = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                d = json.loads(line)
+                steps[(d["id"], d["step"])] = (d["token"], d["logprobs"])
+    return steps
+a, b = load(sys.argv[1]), load(sys.argv[2])
+keys = sorted(a)
+agree, first_diff, max_all, max_chosen, gap = 0, -1, 0.0, 0.0, ""
+for k in keys:
+    if k not in b:
+        first_diff = k[1]
+        break
+    (ta, la), (tb, lb) = a[k], b[k]
+    if len(la) != len(lb):
+        first_diff = k[1]
+        break
+    d = max((abs(x - y) for x, y in zip(la, lb) if math.isfinite(x) and math.isfinite(y)), default=0.0)
+    max_all = max(max_all, d)
+    max_chosen = max(max_chosen, abs(la[ta] - lb[ta]))
+    if ta != tb:
+        first_diff = k[1]
+        gap = "%.3g" % (la[ta] - la[tb])   # how far apart the two choices were in the first file
+        break
+    agree += 1
+print("steps=%d" % len(keys))
+print("steps_b=%d" % len(b))
+print("agree=%d" % agree)
+print("first_diff=%d" % first_diff)
+print("max_all=%.3g" % max_all)
+print("max_chosen=%.3g" % max_chosen)
+print("gap=%s" % gap)
+PY
+}
+
+# e. bfloat16 on cuda (CPU float32 in the dry run) against float32 on the CPU.
+step_e() {
+  local m="$tmp/e-model" rc
+  local name="e. bf16 $device vs f32 cpu: max abs dlogprob, chosen tokens"
+  [ $dry_run = 1 ] && name="e. f32 cpu vs f32 cpu: max abs dlogprob, chosen tokens"
+  if ! run "$step_cap" "$kvpipe" init-model --out "$m" --preset "$e2e_preset" --dtype bfloat16; then
+    record "$name" "no result" "<= $e2e_tolerance" fail "init-model: $(why $? /dev/null)"
+    return
+  fi
+  local prompt
+  prompt=$(ids 32 "$(sed -n 's/.*"vocab_size": *\([0-9]*\).*/\1/p' "$m/config.json" | head -1)")
+  run_io "$step_cap" "$tmp/e-cpu.out" "$tmp/e-cpu.err" "$kvpipe" generate --config "$tmp/job.yaml" \
+    --set "model.path=$m" --set model.dtype=float32 --set runtime.device=cpu --set "runtime.threads=$cpu_threads" \
+    --set "cache.memory=$e_cpu_cache" --prompt-ids "$prompt" --max-new-tokens "$e2e_tokens" --logprobs-out "$tmp/e-cpu.jsonl"
+  rc=$?
+  if [ $rc != 0 ]; then record "$name" "no result" "<= $e2e_tolerance" fail "cpu float32: $(why $rc "$tmp/e-cpu.err")"; return; fi
+  local dev_dtype=bfloat16 dev_threads=1
+  [ $dry_run = 1 ] && dev_dtype=float32 dev_threads=$cpu_threads
+  run_io "$step_cap" "$tmp/e-dev.out" "$tmp/e-dev.err" "$kvpipe" generate --config "$tmp/job.yaml" \
+    --set "model.path=$m" --set "model.dtype=$dev_dtype" --set "runtime.device=$device" --set "runtime.threads=$dev_threads" \
+    --set "cache.memory=$e_dev_cache" --prompt-ids "$prompt" --max-new-tokens "$e2e_tokens" --logprobs-out "$tmp/e-dev.jsonl"
+  rc=$?
+  if [ $rc != 0 ]; then record "$name" "no result" "<= $e2e_tolerance" fail "$device $dev_dtype: $(why $rc "$tmp/e-dev.err")"; return; fi
+  local c="$tmp/e.cmp"
+  compare_logprobs "$tmp/e-cpu.jsonl" "$tmp/e-dev.jsonl" >"$c" || { record "$name" "no result" "" fail "logprobs not comparable"; return; }
+  local steps agree first_diff max_chosen max_all gap
+  steps=$(get steps "$c") agree=$(get agree "$c") first_diff=$(get first_diff "$c")
+  max_chosen=$(get max_chosen "$c") max_all=$(get max_all "$c") gap=$(get gap "$c")
+  if [ "${steps:-0}" = 0 ]; then record "$name" "no result" "<= $e2e_tolerance" fail "no logprobs written"; return; fi
+  bench_row e "preset $e2e_preset, $e2e_tokens tokens" tokens_agree "$agree/$steps"
+  bench_row e "preset $e2e_preset" max_abs_dlogprob_chosen "$max_chosen"
+  bench_row e "preset $e2e_preset" max_abs_dlogprob_all "$max_all"
+  local st=fail
+  awk -v a="$max_chosen" -v t="$e2e_tolerance" 'BEGIN { exit !(a <= t) }' && st=pass
+  record "$name" "$max_chosen" "<= $e2e_tolerance" "$st" "over the $((agree + (first_diff >= 0 ? 1 : 0))) step(s) with equal context; whole vocabulary: $max_all"
+  if [ "$first_diff" = -1 ] && [ "$agree" = "$steps" ] && [ "$steps" -gt 0 ]; then
+    record "e. greedy tokens agree" "$agree/$steps" "all" pass
+  elif [ -n "$gap" ] && awk -v g="$gap" -v t="$e2e_tolerance" 'BEGIN { exit !(g <= 2 * t) }'; then
+    record "e. greedy tokens agree" "$agree/$steps" "all" info "diverge at step $first_diff on a near-tie (float32 logprob gap $gap)"
+  else
+    record "e. greedy tokens agree" "$agree/$steps" "all" fail "diverge at step $first_diff${gap:+ (float32 logprob gap $gap)}"
+  fi
+}
+
+# d. 2 ranks on one GPU (pipeline over MPI) against one rank.
+step_d() {
+  local name="d. 2-rank pipeline parity (mpirun -np 2)"
+  local prompt args rc
+  prompt=$(ids 32 "$vocab")
+  args=(generate --config "$tmp/parity.yaml" --prompt-ids "$prompt" --max-new-tokens "$parity_tokens")
+  run_io "$step_cap" "$tmp/d1.out" "$tmp/d1.err" "$kvpipe" "${args[@]}" --logprobs-out "$tmp/d1.jsonl"
+  rc=$?
+  if [ $rc != 0 ]; then record "$name" "no result" "tokens equal, <= $parity_tolerance" fail "1 rank: $(why $rc "$tmp/d1.err")"; return; fi
+  if ! command -v mpirun >/dev/null; then record "$name" "no result" "" fail "no mpirun on PATH"; return; fi
+  run_io "$step_cap" "$tmp/d2.out" "$tmp/d2.err" mpirun --oversubscribe -np 2 "$kvpipe" "${args[@]}" \
+    --logprobs-out "$tmp/d2.jsonl" --output "$tmp/d2.results"
+  rc=$?
+  if [ $rc != 0 ]; then record "$name" "no result" "tokens equal, <= $parity_tolerance" fail "2 ranks: $(why $rc "$tmp/d2.err")"; return; fi
+  local c="$tmp/d.cmp"
+  compare_logprobs "$tmp/d1.jsonl" "$tmp/d2.jsonl" >"$c" || { record "$name" "no result" "" fail "logprobs not comparable"; return; }
+  local steps steps_b agree max_all
+  steps=$(get steps "$c") steps_b=$(get steps_b "$c") agree=$(get agree "$c") max_all=$(get max_all "$c")
+  bench_row d "$parity_tokens tokens" tokens_agree "$agree/$steps"
+  bench_row d "$parity_tokens tokens" max_abs_dlogprob_all "$max_all"
+  local st=fail
+  [ "$steps" -gt 0 ] && [ "$agree" = "$steps" ] && [ "$steps_b" = "$steps" ] &&
+    awk -v a="$max_all" -v t="$parity_tolerance" 'BEGIN { exit !(a <= t) }' && st=pass
+  record "$name" "tokens $agree/$steps equal, max abs dlogprob $max_all" "all equal, <= $parity_tolerance" "$st" \
+    "whole vocabulary, every step"
+}
+
+# One kvpipe bench run: bench_run NAME CAP SETTINGS... -> $tmp/NAME.fields (KEY=VALUE lines).
+bench_run() {
+  local name=$1 c=$2 d="$tmp/bench-$1"
+  shift 2
+  local sets=() s
+  for s in "$@"; do sets+=(--set "$s"); done
+  run_io "$c" "$tmp/$name.out" "$tmp/$name.err" "$kvpipe" bench --config "$tmp/job.yaml" --out "$d" "${sets[@]}"
+  local rc=$?
+  if [ $rc != 0 ]; then why $rc "$tmp/$name.err" >"$tmp/$name.why"; return 1; fi
+  report_fields "$d/report.json" >"$tmp/$name.fields" || { echo "no report.json" >"$tmp/$name.why"; return 1; }
+  rm -rf "$d"
+}
+
+# c. prefill tokens/s from TTFT (one measured request at a time, after a warm-up request).
+step_c() {
+  local p name ttft tok
+  for p in "${prefills[@]}"; do
+    name="c. prefill $p-token prompt"
+    if ! bench_run "prefill$p" "$bench_cap" workload.requests=2 workload.warmup=1 workload.concurrency=1 \
+         "workload.prompt_len=$p" workload.output_len=1 workload.shared_prefix=0.0 scheduler.max_batch=1; then
+      record "$name" "no result" "" fail "$(cat "$tmp/prefill$p.why")"
+      continue
+    fi
+    ttft=$(get ttft_ms "$tmp/prefill$p.fields")
+    tok=$(calc "$p * 1000 / $ttft")
+    bench_row c "prompt $p" ttft_ms "$ttft"
+    bench_row c "prompt $p" prefill_tok_s "$tok"
+    if [ -n "$tok" ]; then record "$name" "$tok tok/s" "" info "median TTFT $ttft ms"
+    else record "$name" "no result" "" fail "no TTFT in report.json"; fi
+  done
+}
+
+# b. decode throughput against the batch. The prompts share 99% of their tokens: the warm-up
+# request computes that prefix once, the measured requests find it in the prefix cache, so they
+# reach their full context after a short prefill and decode together for nearly all of their
+# output; decode tok/s = batch x 1000 / median decode-only step.
+step_b() {
+  local ctx b name values tok1 tok ratio target label
+  for ctx in "${contexts[@]}"; do
+    values="" tok1="" tok=""
+    label=$ctx
+    [ "$ctx" -ge 1024 ] && label="$((ctx / 1024))k"
+    for b in "${batches[@]}"; do
+      name="b${b}_c${ctx}"
+      if ! bench_run "$name" "$bench_cap" "workload.requests=$b" "workload.concurrency=$b" workload.warmup=1 \
+           "workload.prompt_len=$((ctx - bench_output))" "workload.output_len=$bench_output" \
+           workload.shared_prefix=0.99 "scheduler.max_batch=$b"; then
+        values+="${values:+ / }fail"
+        bench_row b "batch $b, context $ctx" error "$(cat "$tmp/$name.why")"
+        [ -z "${b_error:-}" ] && b_error="batch $b: $(cat "$tmp/$name.why")"
+        continue
+      fi
+      local f="$tmp/$name.fields" step steps tpot
+      step=$(get decode_step_ms "$f") steps=$(get decode_steps "$f") tpot=$(get tpot_ms "$f")
+      if [ -n "$step" ] && [ "${steps:-0}" -gt 0 ]; then tok=$(calc "$b * 1000 / $step")
+      else tok=$(calc "$b * 1000 / $tpot"); fi
+      [ "$b" = "${batches[0]}" ] && tok1=$tok
+      values+="${values:+ / }${tok:-?}"
+      bench_row b "batch $b, context $ctx" decode_step_median_ms "$step"
+      bench_row b "batch $b, context $ctx" decode_steps "$steps"
+      bench_row b "batch $b, context $ctx" tpot_mean_ms "$tpot"
+      bench_row b "batch $b, context $ctx" output_tok_s "$(get output_tok_s "$f")"
+      bench_row b "batch $b, context $ctx" decode_tok_s "$tok"
+    done
+    local bl
+    bl=$(IFS=/; echo "${batches[*]}")
+    if [[ $values == *fail* ]]; then
+      record "b. decode tok/s, $label context, batch $bl" "$values" "" fail "${b_error:-}"
+    else
+      record "b. decode tok/s, $label context, batch $bl" "$values" "" info
+    fi
+    b_error=""
+    target=$batch_ratio_target_1k
+    [ "$ctx" -gt 4096 ] && target=$batch_ratio_target_8k
+    local last=${batches[${#batches[@]} - 1]}
+    name="b. batch $last / batch ${batches[0]}, $label context"
+    if [ -n "$tok1" ] && [ -n "$tok" ] && [[ $values != *fail* ]]; then
+      ratio=$(calc "$tok / $tok1" 2)
+      bench_row b "context $ctx" "ratio_b${last}_b${batches[0]}" "$ratio"
+      record "$name" "$ratio" ">= $target" "$(perf_status "$ratio" "$target")"
+    else
+      record "$name" "no result" ">= $target" fail
+    fi
+  done
+}
+
+if [ $have_kvpipe = 1 ]; then
+  say "--- a. batch-1 decode"; step_a
+fi
+# The unit tests (CPU only) run beside e and d, which check results, not speed; c and b, which
+# measure, start once they are done.
+if [ $have_tests = 1 ]; then
+  if [ $dry_run = 1 ]; then
+    ctest_start "$unit_name" "$(cap_leaving "$perf_reserve" 90)" -L unit -R "$unit_filter" -E "$unit_exclude"
+  else
+    ctest_start "$unit_name" "$(cap_leaving "$perf_reserve" 240)" -L unit -E "$unit_exclude"
+  fi
+fi
+if [ $have_kvpipe = 1 ]; then
+  say "--- e. bf16 vs f32"; step_e
+  say "--- d. pipeline parity"; step_d
+fi
+if [ $have_tests = 1 ]; then ctest_finish "$unit_name"
+else record "$unit_name" "not run" "all pass" fail "no unit-test build"; fi
+if [ $have_kvpipe = 1 ]; then
+  say "--- c. prefill"; step_c
+  say "--- b. decode vs batch"; step_b
+else
+  for n in "a. batch-1 decode / HBM floor" "e. bf16 vs f32" "d. 2-rank pipeline parity (mpirun -np 2)" "c. prefill" "b. decode vs batch"; do
+    record "$n" "not run" "" fail "no kvpipe executable"
+  done
+fi
+
+exit 0
