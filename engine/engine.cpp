@@ -19,9 +19,9 @@ bool all_greedy(const StepBatch& batch) {
   return true;
 }
 
-// Greedy rows on the device: the argmax (the lowest id among equal maxima, as on the host)
-// and whether the row can be sampled at all, so that only S ids cross to the host.
-StepOutput sample_greedy_on_device(const StepBatch& batch, const at::Tensor& logits) {
+}  // namespace
+
+StepOutput sample_greedy_rows(const StepBatch& batch, const at::Tensor& logits) {
   const at::Tensor unusable = (at::isnan(logits) | at::isposinf(logits)).any(1) | at::isneginf(logits).all(1);
   const at::Tensor ids = at::where(unusable, at::full({}, kNonFiniteToken, logits.options().dtype(at::kLong)),
                                    logits.argmax(1));
@@ -37,10 +37,8 @@ StepOutput sample_greedy_on_device(const StepBatch& batch, const at::Tensor& log
   return out;
 }
 
-}  // namespace
-
 StepOutput sample_batch(const StepBatch& batch, const at::Tensor& logits) {
-  if (!logits.is_cpu() && !batch.want_logits && all_greedy(batch)) return sample_greedy_on_device(batch, logits);
+  if (!logits.is_cpu() && !batch.want_logits && all_greedy(batch)) return sample_greedy_rows(batch, logits);
   StepOutput out;
   const at::Tensor l = logits.to(at::kCPU).contiguous();
   const int64_t vocab = l.size(1);

@@ -38,6 +38,11 @@ class StepExecutor {
 // otherwise they come to the host, where the sampler runs.
 StepOutput sample_batch(const StepBatch& batch, const at::Tensor& logits);
 
+// Greedy sampling of every sampled row as tensor ops where the logits are (a GPU's path): the
+// argmax, the lowest id among equal maxima as on the host, or kNonFiniteToken for a row
+// sample_token would refuse; only the ids cross to the host.
+StepOutput sample_greedy_rows(const StepBatch& batch, const at::Tensor& logits);
+
 // The whole model on this rank. `trace` (optional) gets a compute span per micro-batch.
 class LocalExecutor : public StepExecutor {
  public:

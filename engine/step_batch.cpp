@@ -102,13 +102,17 @@ StepContext make_host_step_context(const StepBatch& batch, int64_t block_size) {
 
 StepContext make_step_context(const StepBatch& batch, int64_t block_size, at::Device device) {
   StepContext ctx = make_host_step_context(batch, block_size);
-  if (device.is_cpu()) return ctx;
+  return device.is_cpu() ? ctx : pack_step_context(ctx, device);
+}
+
+StepContext pack_step_context(const StepContext& host, at::Device device) {
+  StepContext ctx = host;
   // Every index tensor goes into one host buffer (int32 ones widened), crosses in one copy,
   // and comes back out as views (int32 ones narrowed on the device).
-  const at::Tensor cu_k_host = ctx.cu_seqlens_k;
+  const at::Tensor cu_k_host = ctx.cu_seqlens_k.to(at::kCPU);
   std::vector<at::Tensor*> fields = {&ctx.token_ids, &ctx.positions, &ctx.slots, &ctx.sample_rows, &ctx.key_slots,
                                      &ctx.cu_seqlens_q, &ctx.cu_seqlens_k, &ctx.block_tables, &ctx.context_lens};
-  if (batch.full_sequences) fields.insert(fields.end(), {&ctx.full_positions, &ctx.new_rows});
+  if (ctx.full_positions.defined()) fields.insert(fields.end(), {&ctx.full_positions, &ctx.new_rows});
   for (auto& t : ctx.seq_key_positions) fields.push_back(&t);
   std::vector<at::Tensor> flat;
   for (const at::Tensor* t : fields) flat.push_back(t->reshape({-1}).to(at::kLong));

@@ -75,6 +75,10 @@ struct StepContext {
 // The step's indices on `device` (the CPU: as built; a GPU: copied there in one transfer).
 StepContext make_step_context(const StepBatch& batch, int64_t block_size, at::Device device = at::kCPU);
 
+// `host`'s index tensors packed into one buffer, moved to `device` in one copy and taken
+// apart again as views (what make_step_context does for a GPU; any device, for tests).
+StepContext pack_step_context(const StepContext& host, at::Device device);
+
 // The wire format of a step header between pipeline stages: `batch` without its token ids
 // (only the first stage needs them) as int64 words, led by the micro-batch id.
 std::vector<int64_t> encode_step_header(const StepBatch& batch, int64_t micro_batch);

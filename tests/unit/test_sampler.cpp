@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <set>
@@ -10,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/engine.h"
 #include "engine/sampler.h"
 
 namespace kvpipe {
@@ -265,6 +267,38 @@ TEST(SamplerSampleToken, frequencies_follow_probabilities) {
   for (int64_t token = 0; token < 3; ++token) {
     EXPECT_NEAR(static_cast<double>(counts[token]) / draws, probs[token], 0.03) << "token " << token;
   }
+}
+
+}  // namespace
+}  // namespace kvpipe
+
+namespace kvpipe {
+namespace {
+
+// The GPU's greedy path (tensor ops, ids only to the host) against the host sampler, on rows
+// with ties, NaN, +inf, a row of -inf only, -inf beside finite values, and a row not sampled.
+TEST(SamplerGreedyRows, TensorOpsPickWhatTheHostSamplerPicks) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::vector<float>> rows = {{0.5f, 2.0f, 2.0f, -1.0f},   {3.0f, 1.0f, 3.0f, 3.0f},
+                                                {0.0f, nan, 1.0f, 0.0f},     {0.0f, inf, 1.0f, 0.0f},
+                                                {-inf, -inf, -inf, -inf},    {-inf, -2.0f, -inf, -3.0f},
+                                                {-1e30f, -1e30f, -2e30f, 0.0f}};
+  StepBatch batch;
+  std::vector<float> flat;
+  for (size_t i = 0; i < rows.size() + 1; ++i) {
+    SeqStep s;
+    s.request_id = static_cast<int64_t>(i);
+    s.num_new = 1;
+    s.sample = i != 3;  // one sequence is a prefill chunk: no row of its own
+    batch.seqs.push_back(s);
+  }
+  for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+  const at::Tensor logits = at::tensor(flat).view({static_cast<int64_t>(rows.size()), 4});
+  const StepOutput host = sample_batch(batch, logits);
+  const StepOutput tensor_ops = sample_greedy_rows(batch, logits);
+  EXPECT_EQ(tensor_ops.request_ids, host.request_ids);
+  EXPECT_EQ(tensor_ops.tokens, host.tokens);
+  EXPECT_EQ(host.tokens, (std::vector<int64_t>{1, 0, kNonFiniteToken, kNonFiniteToken, kNonFiniteToken, 1, 3}));
 }
 
 }  // namespace

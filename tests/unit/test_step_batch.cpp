@@ -5,6 +5,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/step_batch.h"
@@ -225,6 +226,43 @@ TEST(StepBatchContext, packed_indices_for_varlen_and_paged_attention) {
       make_step_context(make_batch({make_seq(1, 7, 1, true, {7, 2}), make_seq(2, 2, 1, true, {3})}), 4);
   EXPECT_TRUE(decode.decode_only);
   EXPECT_EQ(to_int_vector(decode.context_lens), (std::vector<int32_t>{8, 3}));
+}
+
+// What a GPU step receives: every index through one packed buffer, taken apart again.
+TEST(StepBatchContext, packed_copy_gives_the_same_indices) {
+  for (const bool full : {false, true}) {
+    StepBatch batch =
+        make_batch({make_seq(1, 5, 3, false, {7, 2}), make_seq(2, 0, 2, true, {3}), make_seq(3, 9, 1, true, {1, 0, 6})});
+    if (full) {
+      batch.full_sequences = true;
+      batch.token_ids.assign(5 + 3 + 2 + 9 + 1, 4);
+    }
+    const StepContext host = make_step_context(batch, 4);
+    const StepContext packed = pack_step_context(host, at::kCPU);
+    const std::vector<std::pair<const at::Tensor*, const at::Tensor*>> fields = {
+        {&host.token_ids, &packed.token_ids},       {&host.positions, &packed.positions},
+        {&host.slots, &packed.slots},               {&host.sample_rows, &packed.sample_rows},
+        {&host.key_slots, &packed.key_slots},       {&host.cu_seqlens_q, &packed.cu_seqlens_q},
+        {&host.cu_seqlens_k, &packed.cu_seqlens_k}, {&host.block_tables, &packed.block_tables},
+        {&host.context_lens, &packed.context_lens}, {&host.full_positions, &packed.full_positions},
+        {&host.new_rows, &packed.new_rows}};
+    for (size_t i = 0; i < fields.size(); ++i) {
+      const at::Tensor& want = *fields[i].first;
+      const at::Tensor& got = *fields[i].second;
+      ASSERT_EQ(want.defined(), got.defined()) << "field " << i;
+      if (!want.defined()) continue;
+      EXPECT_EQ(want.scalar_type(), got.scalar_type()) << "field " << i;
+      EXPECT_TRUE(at::equal(want, got)) << "field " << i << " (full " << full << ")";
+    }
+    ASSERT_EQ(packed.seq_slots.size(), host.seq_slots.size());
+    for (size_t i = 0; i < host.seq_slots.size(); ++i) {
+      EXPECT_TRUE(at::equal(host.seq_slots[i], packed.seq_slots[i])) << "sequence " << i;
+      EXPECT_TRUE(at::equal(host.seq_key_positions[i], packed.seq_key_positions[i])) << "sequence " << i;
+    }
+    EXPECT_EQ(packed.max_seqlen_q, host.max_seqlen_q);
+    EXPECT_EQ(packed.max_seqlen_k, host.max_seqlen_k);
+    EXPECT_EQ(packed.decode_only, host.decode_only);
+  }
 }
 
 TEST(StepBatchContext, decoded_header_gives_same_context) {
