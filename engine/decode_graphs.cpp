@@ -48,6 +48,9 @@ bool DecodeGraphs::handles(const StepBatch& batch, const StepContext& ctx) const
   if (pool_.dtype() == KvDtype::kQ8_0 || kv_storage_scalar_type(pool_.dtype()) != shard_.weights().dtype) return false;
   for (const SeqStep& s : batch.seqs)
     if (!s.sample) return false;
+  // A path pinned to another than the paged kernel (KVPIPE_ATTENTION) runs without graphs.
+  const std::optional<AttentionPath> pinned = shard_.attention_path();
+  if (pinned && *pinned != AttentionPath::kPagedDecode) return false;
   return hd == 64 || hd == 128;
 }
 

@@ -54,6 +54,7 @@ class ModelShard {
   // The attention path every step should take where it can (engine/attention_backend.h);
   // unset: the fastest each step allows. Starts as KVPIPE_ATTENTION says.
   void set_attention_path(std::optional<AttentionPath> path) { attention_path_ = path; }
+  std::optional<AttentionPath> attention_path() const { return attention_path_; }
   // Cached layers' attention computed by `path` so far (tests check which path steps took).
   int64_t attention_calls(AttentionPath path) const { return attention_calls_[static_cast<size_t>(path)]; }
 

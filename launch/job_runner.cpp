@@ -100,7 +100,7 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
       job.parallel.backend != "auto" ? job.parallel.backend : device.is_cuda() && !gpu_shared ? "nccl" : "mpi";
   std::unique_ptr<Communicator> comm;
   if (world.size() > 1) comm = make_communicator(backend, world);
-  else if (backend == "nccl") make_nccl_communicator(world);
+  else if (job.parallel.backend == "nccl") make_nccl_communicator(world);  // checked, though one rank sends nothing
   // From here on every rank is expected to hear from its peers: a rank that goes silent (stopped,
   // or frozen whole) ends the job instead of leaving the others blocked on it forever. Started
   // before the weights load, since a rank can stop there as well as in a step.
