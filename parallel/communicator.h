@@ -5,7 +5,9 @@
 // are found. A send returns at once with a handle that keeps the tensor alive until the
 // transfer is done, so a stage never blocks on a neighbour that is still computing (blocking
 // sends between the first and last stage deadlock once messages exceed the eager limit).
-// Receives are blocking (MPI) or ordered on the compute stream (NCCL).
+// Receives are blocking (MPI) or ordered on the compute stream (NCCL). NCCL transfers run on a
+// communication stream of their own, ordered with the compute stream by events: a send waits
+// for the kernels that made its tensor only, so the next micro-batch computes while it goes.
 #pragma once
 
 #include "parallel/world.h"

@@ -23,9 +23,18 @@ void check_nccl(ncclResult_t res, const char* what) {
   if (res != ncclSuccess) throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(res));
 }
 
-// The legacy default stream: LibTorch computes on it unless told otherwise, so sends and
-// receives issued on it are ordered with the compute without an extra synchronisation.
+// The legacy default stream: LibTorch computes on it unless told otherwise.
 cudaStream_t compute_stream() { return cudaStreamLegacy; }
+
+// Makes `waiter` wait for the work queued on `stream` so far (the event may go at once: the
+// wait holds what it needs).
+void order_after(cudaStream_t waiter, cudaStream_t stream) {
+  cudaEvent_t event;
+  check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+  check_cuda(cudaEventRecord(event, stream), "cudaEventRecord");
+  check_cuda(cudaStreamWaitEvent(waiter, event, 0), "cudaStreamWaitEvent");
+  cudaEventDestroy(event);
+}
 
 class NcclPendingSend : public PendingSend {
  public:
@@ -54,28 +63,43 @@ class NcclCommunicator : public Communicator {
     if (world.rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
     MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
     check_nccl(ncclCommInitRank(&comm_, world.size(), id, world.rank()), "ncclCommInitRank");
+    // Transfers have a stream of their own, so that the next micro-batch's kernels run while
+    // one is sent; non-blocking, or the legacy default stream would serialise the two again.
+    check_cuda(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   }
-  ~NcclCommunicator() override { ncclCommDestroy(comm_); }
+  ~NcclCommunicator() override {
+    ncclCommDestroy(comm_);
+    cudaStreamDestroy(comm_stream_);
+  }
 
   std::string name() const override { return "nccl"; }
   at::Device device() const override { return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index_)); }
 
+  // The send waits for the kernels that made the tensor, not for those queued after them; the
+  // pending send keeps the tensor until its event says the transfer is done.
   std::unique_ptr<PendingSend> isend(const at::Tensor& tensor, int peer) override {
     at::Tensor t = tensor.contiguous();
-    check_nccl(ncclSend(t.data_ptr(), t.nbytes(), ncclUint8, peer, comm_, compute_stream()), "ncclSend");
+    order_after(comm_stream_, compute_stream());
+    check_nccl(ncclSend(t.data_ptr(), t.nbytes(), ncclUint8, peer, comm_, comm_stream_), "ncclSend");
     cudaEvent_t event;
     check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventRecord(event, compute_stream()), "cudaEventRecord");
+    check_cuda(cudaEventRecord(event, comm_stream_), "cudaEventRecord");
     return std::make_unique<NcclPendingSend>(std::move(t), event);
   }
 
+  // The receive waits for the compute queued so far (the allocator may have handed its buffer
+  // out again after kernels that are still to run there), and the compute after it waits for
+  // the receive.
   void recv(at::Tensor& tensor, int peer) override {
-    check_nccl(ncclRecv(tensor.data_ptr(), tensor.nbytes(), ncclUint8, peer, comm_, compute_stream()), "ncclRecv");
+    order_after(comm_stream_, compute_stream());
+    check_nccl(ncclRecv(tensor.data_ptr(), tensor.nbytes(), ncclUint8, peer, comm_, comm_stream_), "ncclRecv");
+    order_after(compute_stream(), comm_stream_);
   }
 
  private:
   int device_index_ = 0;
   ncclComm_t comm_ = nullptr;
+  cudaStream_t comm_stream_ = nullptr;
 };
 
 }  // namespace
