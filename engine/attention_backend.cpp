@@ -37,18 +37,16 @@ std::optional<AttentionPath> attention_path_from_env() {
   return path;
 }
 
+bool paged_decode_fits(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const BlockPool& pool,
+                       const StepBatch& batch, const StepContext& ctx) {
+  if (!ctx.decode_only || batch.window_recent > 0 || pool.dtype() == KvDtype::kQ8_0) return false;
+  if (kv_storage_scalar_type(pool.dtype()) != q_dtype) return false;
+  return !on_gpu || head_dim == 64 || head_dim == 128;
+}
+
 namespace {
 
 bool is_16bit(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
-
-// The kernel reads the pool in place: float storage of the query's dtype, a head size it
-// was built for. Its CPU reference takes any head size.
-bool paged_decode_fits(const at::Tensor& q, const BlockPool& pool, const StepBatch& batch, const StepContext& ctx) {
-  if (!ctx.decode_only || batch.window_recent > 0 || pool.dtype() == KvDtype::kQ8_0) return false;
-  if (kv_storage_scalar_type(pool.dtype()) != q.scalar_type()) return false;
-  const int64_t hd = q.size(-1);
-  return q.is_cpu() || hd == 64 || hd == 128;
-}
 
 bool varlen_fits(const at::Tensor& q, const StepBatch& batch) {
   if (batch.window_recent > 0) return false;
@@ -61,7 +59,8 @@ bool varlen_fits(const at::Tensor& q, const StepBatch& batch) {
 
 AttentionPath choose_attention_path(const at::Tensor& q, const BlockPool& pool, const StepBatch& batch,
                                     const StepContext& ctx, std::optional<AttentionPath> preferred) {
-  const bool paged = paged_decode_fits(q, pool, batch, ctx), varlen = varlen_fits(q, batch);
+  const bool paged = paged_decode_fits(q.scalar_type(), q.size(-1), !q.is_cpu(), pool, batch, ctx);
+  const bool varlen = varlen_fits(q, batch);
   if (preferred) {
     if (*preferred == AttentionPath::kPagedDecode && paged) return *preferred;
     if (*preferred == AttentionPath::kVarlen && varlen) return *preferred;

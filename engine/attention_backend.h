@@ -30,6 +30,12 @@ std::string attention_path_name(AttentionPath path);
 // compare them; tests force the batched paths on the CPU). Read once per process.
 std::optional<AttentionPath> attention_path_from_env();
 
+// Whether the paged decode kernel takes a step: one new token per sequence, no window, float
+// storage of the query's dtype, and on a GPU a head size it was built for (64 or 128; its CPU
+// reference takes any).
+bool paged_decode_fits(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const BlockPool& pool,
+                       const StepBatch& batch, const StepContext& ctx);
+
 // The path for one layer of a step: `preferred` when given and the step allows it, otherwise
 // the fastest that does. q is [T, heads, head_dim] on the compute device.
 AttentionPath choose_attention_path(const at::Tensor& q, const BlockPool& pool, const StepBatch& batch,

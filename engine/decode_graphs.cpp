@@ -1,5 +1,7 @@
 #include "engine/decode_graphs.h"
 
+#include "engine/attention_backend.h"
+
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -10,7 +12,6 @@
 namespace kvpipe {
 
 struct DecodeGraphs::Graph {
-  int64_t bucket = 0;
   int64_t filled = 0;  // rows the last replay used (the rest hold padding)
   // Static inputs: what the captured kernels read.
   at::Tensor token_ids, positions, slots, block_tables, context_lens, hidden_in;
@@ -39,26 +40,22 @@ int64_t decode_graph_bucket(int64_t sequences, int64_t max_batch) {
 }
 
 bool DecodeGraphs::handles(const StepBatch& batch, const StepContext& ctx) const {
-  if (!ctx.decode_only || batch.full_sequences || batch.window_recent > 0 || decode_graph_bucket(ctx.context_lens.numel(), max_batch_) == 0)
+  if (batch.full_sequences || shard_.num_cached_layers() != shard_.layers().size()) return false;
+  if (decode_graph_bucket(ctx.context_lens.numel(), max_batch_) == 0 || ctx.block_tables.size(1) > table_width_)
     return false;
-  if (shard_.num_cached_layers() != shard_.layers().size()) return false;
-  if (ctx.block_tables.size(1) > table_width_) return false;
-  // The graph's attention is the paged kernel: the step must be one it takes.
-  const int64_t hd = shard_.config().head_dim;
-  if (pool_.dtype() == KvDtype::kQ8_0 || kv_storage_scalar_type(pool_.dtype()) != shard_.weights().dtype) return false;
   for (const SeqStep& s : batch.seqs)
     if (!s.sample) return false;
-  // A path pinned to another than the paged kernel (KVPIPE_ATTENTION) runs without graphs.
+  // The graph's attention is the paged kernel: the step must be one it takes, and no other
+  // path may be pinned (KVPIPE_ATTENTION).
   const std::optional<AttentionPath> pinned = shard_.attention_path();
   if (pinned && *pinned != AttentionPath::kPagedDecode) return false;
-  return hd == 64 || hd == 128;
+  return paged_decode_fits(shard_.weights().dtype, shard_.config().head_dim, /*on_gpu=*/true, pool_, batch, ctx);
 }
 
 DecodeGraphs::Graph& DecodeGraphs::graph_for(int64_t bucket) {
   auto it = graphs_.find(bucket);
   if (it != graphs_.end()) return *it->second;
   auto g = std::make_unique<Graph>();
-  g->bucket = bucket;
   const at::Device device = shard_.device();
   const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
   const auto ints = at::TensorOptions().dtype(at::kInt).device(device);
@@ -111,7 +108,7 @@ DecodeGraphs::Graph& DecodeGraphs::graph_for(int64_t bucket) {
   return *graphs_.emplace(bucket, std::move(g)).first->second;
 }
 
-at::Tensor DecodeGraphs::run(const StepBatch& batch, const StepContext& ctx, const at::Tensor& hidden) {
+at::Tensor DecodeGraphs::run(const StepContext& ctx, const at::Tensor& hidden) {
   const int64_t S = ctx.context_lens.numel();
   Graph& g = graph_for(decode_graph_bucket(S, max_batch_));
   const int64_t width = ctx.block_tables.size(1), bs = pool_.block_size();
@@ -132,7 +129,6 @@ at::Tensor DecodeGraphs::run(const StepBatch& batch, const StepContext& ctx, con
   g.block_tables.narrow(0, 0, S).narrow(1, 0, width).copy_(ctx.block_tables);
   g.context_lens.narrow(0, 0, S).copy_(ctx.context_lens);
   if (g.hidden_in.defined()) g.hidden_in.narrow(0, 0, S).copy_(hidden.to(g.hidden_in.device(), /*non_blocking=*/true));
-  (void)batch;
   g.graph.replay();
   // A copy: the next replay overwrites the static output while this one may still be in use.
   return g.output.narrow(0, 0, S).clone();

@@ -41,10 +41,10 @@ class DecodeGraphs {
 
   bool handles(const StepBatch& batch, const StepContext& ctx) const;
 
-  // Runs `batch` (which handles() accepts) from its graph: returns the stage's hidden states
-  // [S, hidden], or on the last stage the logits [S, vocab] of every sequence (all sample).
-  // `hidden` is the stage's input on stages after the first.
-  at::Tensor run(const StepBatch& batch, const StepContext& ctx, const at::Tensor& hidden);
+  // Runs the step of `ctx` (whose batch handles() accepts) from its graph: returns the stage's
+  // hidden states [S, hidden], or on the last stage the logits [S, vocab] of every sequence
+  // (all sample). `hidden` is the stage's input on stages after the first.
+  at::Tensor run(const StepContext& ctx, const at::Tensor& hidden);
 
   // Graphs captured so far (one per padded batch size used).
   int64_t graphs_captured() const { return static_cast<int64_t>(graphs_.size()); }

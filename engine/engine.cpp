@@ -59,7 +59,7 @@ StageResult run_stage(const ModelShard& shard, BlockPool& pool, const StepBatch&
   const StepContext ctx = make_step_context(batch, pool.block_size(), shard.device());
   if (graphs != nullptr && graphs->handles(batch, ctx)) {
     StageResult r;
-    const at::Tensor out = graphs->run(batch, ctx, hidden);
+    const at::Tensor out = graphs->run(ctx, hidden);
     if (shard.has_head()) r.output = sample_batch(batch, out);
     else r.hidden = out;
     return r;

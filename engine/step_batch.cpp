@@ -18,13 +18,16 @@ StepContext make_host_step_context(const StepBatch& batch, int64_t block_size) {
   }
   if ((batch.full_sequences ? full_total : T) != batch.num_tokens())
     throw std::logic_error("step batch: token count does not match the sequences");
+  const int64_t S = static_cast<int64_t>(batch.seqs.size());
   at::Tensor positions = at::empty({T}, at::kLong);
   at::Tensor slots = at::empty({T}, at::kLong);
   auto* pos = positions.data_ptr<int64_t>();
   auto* slot = slots.data_ptr<int64_t>();
   StepContext ctx;
-  std::vector<int64_t> rows, full_positions, new_rows;
-  int64_t t = 0;
+  std::vector<int64_t> rows, full_positions, new_rows, key_slots;
+  std::vector<int32_t> cu_q(S + 1, 0), cu_k(S + 1, 0), lens(S);
+  int64_t t = 0, max_blocks = 0;
+  ctx.decode_only = S > 0;
   auto slot_of = [&](const SeqStep& s, int64_t p) {
     const int32_t block = s.block_table[p / block_size];
     if (block < 0)
@@ -32,7 +35,8 @@ StepContext make_host_step_context(const StepBatch& batch, int64_t block_size) {
                              std::to_string(p) + " of a freed block");
     return block * block_size + p % block_size;
   };
-  for (const SeqStep& s : batch.seqs) {
+  for (int64_t i = 0; i < S; ++i) {
+    const SeqStep& s = batch.seqs[i];
     const int64_t total = s.context_len + s.num_new;
     if (static_cast<int64_t>(s.block_table.size()) * block_size < total)
       throw std::logic_error("block table too short for request " + std::to_string(s.request_id));
@@ -46,21 +50,26 @@ StepContext make_host_step_context(const StepBatch& batch, int64_t block_size) {
       for (int64_t p = 0; p < sinks; ++p) key_pos.push_back(p);
       for (int64_t p = std::max(sinks, s.context_len - batch.window_recent + 1); p < total; ++p) key_pos.push_back(p);
     }
-    at::Tensor key_slots = at::empty({static_cast<int64_t>(key_pos.size())}, at::kLong);
-    auto* ks = key_slots.data_ptr<int64_t>();
-    for (size_t i = 0; i < key_pos.size(); ++i) ks[i] = slot_of(s, key_pos[i]);
+    for (const int64_t p : key_pos) key_slots.push_back(slot_of(s, p));
     if (batch.full_sequences) {
       for (int64_t p = 0; p < total; ++p) full_positions.push_back(p);
-      for (int64_t i = 0; i < s.num_new; ++i)
-        new_rows.push_back(static_cast<int64_t>(full_positions.size()) - s.num_new + i);
+      for (int64_t j = 0; j < s.num_new; ++j)
+        new_rows.push_back(static_cast<int64_t>(full_positions.size()) - s.num_new + j);
     }
-    for (int64_t i = 0; i < s.num_new; ++i, ++t) {
-      pos[t] = s.context_len + i;
-      slot[t] = slot_of(s, s.context_len + i);
+    for (int64_t j = 0; j < s.num_new; ++j, ++t) {
+      pos[t] = s.context_len + j;
+      slot[t] = slot_of(s, s.context_len + j);
     }
     if (s.sample) rows.push_back(t - 1);
-    ctx.seq_slots.push_back(key_slots);
     ctx.seq_key_positions.push_back(at::tensor(key_pos, at::kLong));
+    const int64_t keys = static_cast<int64_t>(key_pos.size());
+    cu_q[i + 1] = static_cast<int32_t>(cu_q[i] + s.num_new);
+    cu_k[i + 1] = static_cast<int32_t>(cu_k[i] + keys);
+    lens[i] = static_cast<int32_t>(total);
+    ctx.max_seqlen_q = std::max(ctx.max_seqlen_q, s.num_new);
+    ctx.max_seqlen_k = std::max(ctx.max_seqlen_k, keys);
+    max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(s.block_table.size()));
+    ctx.decode_only = ctx.decode_only && s.num_new == 1;
   }
   ctx.token_ids = at::tensor(batch.token_ids, at::kLong);
   ctx.positions = positions;
@@ -70,22 +79,9 @@ StepContext make_host_step_context(const StepBatch& batch, int64_t block_size) {
     ctx.full_positions = at::tensor(full_positions, at::kLong);
     ctx.new_rows = at::tensor(new_rows, at::kLong);
   }
-  const int64_t S = static_cast<int64_t>(batch.seqs.size());
-  std::vector<int32_t> cu_q(S + 1, 0), cu_k(S + 1, 0), lens(S);
-  int64_t max_blocks = 0;
-  ctx.decode_only = S > 0;
-  for (int64_t i = 0; i < S; ++i) {
-    const SeqStep& s = batch.seqs[i];
-    const int64_t keys = ctx.seq_slots[i].numel();
-    cu_q[i + 1] = static_cast<int32_t>(cu_q[i] + s.num_new);
-    cu_k[i + 1] = static_cast<int32_t>(cu_k[i] + keys);
-    lens[i] = static_cast<int32_t>(s.context_len + s.num_new);
-    ctx.max_seqlen_q = std::max(ctx.max_seqlen_q, s.num_new);
-    ctx.max_seqlen_k = std::max(ctx.max_seqlen_k, keys);
-    max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(s.block_table.size()));
-    ctx.decode_only = ctx.decode_only && s.num_new == 1;
-  }
-  ctx.key_slots = S == 0 ? at::empty({0}, at::kLong) : at::cat(ctx.seq_slots);
+  // Each sequence's key slots are a view of the packed ones.
+  ctx.key_slots = at::tensor(key_slots, at::kLong);
+  for (int64_t i = 0; i < S; ++i) ctx.seq_slots.push_back(ctx.key_slots.narrow(0, cu_k[i], cu_k[i + 1] - cu_k[i]));
   ctx.cu_seqlens_q = at::tensor(cu_q, at::kInt);
   ctx.cu_seqlens_k = at::tensor(cu_k, at::kInt);
   ctx.context_lens = at::tensor(lens, at::kInt);

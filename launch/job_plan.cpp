@@ -208,10 +208,7 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
   cost.layer_weight_bytes = plan.weight_bytes.per_layer;
   cost.first_extra_bytes = plan.weight_bytes.embedding;
   cost.last_extra_bytes = plan.weight_bytes.head;
-  const std::string kv_name = job.cache.dtype == "auto" ? (plan.dtype == at::kHalf       ? "float16"
-                                                           : plan.dtype == at::kBFloat16 ? "bfloat16"
-                                                                                         : "float32")
-                                                        : job.cache.dtype;
+  const std::string kv_name = job.cache.dtype == "auto" ? dtype_name(plan.dtype) : job.cache.dtype;
   plan.kv_dtype = parse_kv_dtype(kv_name, where("cache.dtype") + ": cache.dtype");
   if (plan.kv_dtype == KvDtype::kQ8_0 && m.head_dim % 32 != 0)
     throw std::invalid_argument(where("cache.dtype") + ": cache.dtype: q8_0 needs a head dimension that is a "

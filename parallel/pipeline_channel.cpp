@@ -55,7 +55,7 @@ void PipelineChannel::send(int peer, const std::vector<int64_t>& header, const a
   p->header_request = req;
   // A GPU tensor over MPI (ranks sharing a GPU) is staged through host memory here; a host
   // tensor over NCCL (the logits rank 0 asked for) goes to the device first.
-  if (tensor.defined()) p->tensor = comm_.isend(tensor.device() == comm_.device() ? tensor : tensor.to(comm_.device()), peer);
+  if (tensor.defined()) p->tensor = comm_.isend(tensor.to(comm_.device()), peer);
   const int64_t micro_batch = header.empty() ? -1 : header[0];
   pending_.push_back(std::move(p));
   const auto t1 = Clock::now();
