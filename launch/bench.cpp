@@ -1,6 +1,8 @@
 #include "launch/bench.h"
 
 #include "engine/kernels/cpu/blas_gemm.h"
+#include "engine/kernels/cpu/cpu_features.h"
+#include "engine/kernels/cpu/quant_types.h"
 #include "launch/bench_report.h"
 #include "launch/device_plan.h"
 #include "launch/job_config.h"
@@ -420,6 +422,8 @@ ordered_json bench_build_json() {
 ordered_json bench_machine_json() {
   return ordered_json{{"hostname", host_name()},
                       {"cpu", cpu_model()},
+                      {"cpu_features", describe_cpu_features()},
+                      {"cpu_kernels", dot_kernel_isa()},
                       {"cores", std::thread::hardware_concurrency()},
                       {"memory_bytes", host_memory_bytes()},
                       {"gpus", at::detail::getCUDAHooks().getNumGPUs()},

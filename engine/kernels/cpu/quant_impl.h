@@ -8,8 +8,9 @@
 
 namespace kvpipe::quant_impl {
 
-// Whether the vector code (kernels, activation quantisers, dequantisers) runs: the processor
-// has AVX2 + FMA (and so F16C) and KVPIPE_CPU_KERNELS is not "portable". Decided once.
+// Whether the vector code (kernels, activation quantisers, dequantisers) runs: AVX2 + FMA (and
+// F16C) are usable on this processor (cpu_features.h: advertised, enabled by the OS, and a
+// trial ran) and KVPIPE_CPU_KERNELS is not "portable". Decided once.
 bool use_avx2();
 
 // F32, F16, BF16, Q8_0, Q4_0, Q4_1; activations F32, Q8_0, Q8_1.

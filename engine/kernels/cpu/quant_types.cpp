@@ -1,5 +1,6 @@
 #include "engine/kernels/cpu/quant_types.h"
 
+#include "engine/kernels/cpu/cpu_features.h"
 #include "engine/kernels/cpu/quant_impl.h"
 
 #include <cstdlib>
@@ -10,16 +11,6 @@ namespace {
 
 bool is_k_type(QuantType t) { return t == QuantType::Q4_K || t == QuantType::Q5_K || t == QuantType::Q6_K; }
 
-bool detect_avx2() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  // Every processor with AVX2 and FMA has F16C; clang's __builtin_cpu_supports cannot name it.
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
-}
-
 }  // namespace
 
 // KVPIPE_CPU_KERNELS=portable forces the portable kernels (to compare, or to rule the vector
@@ -27,8 +18,8 @@ bool detect_avx2() {
 bool quant_impl::use_avx2() {
   static const bool use = [] {
     const char* env = std::getenv("KVPIPE_CPU_KERNELS");
-    if (env != nullptr && std::string(env) == "portable") return false;
-    return detect_avx2();
+    const bool force_portable = env != nullptr && std::string(env) == "portable";
+    return std::string(choose_kernel_isa(probe_cpu_feature(CpuFeature::kAvx2Fma), force_portable)) == "avx2";
   }();
   return use;
 }
