@@ -17,6 +17,7 @@ namespace fs = std::filesystem;
 using kvpipe::testing::CommandResult;
 using kvpipe::testing::LogprobComparison;
 using kvpipe::testing::LogprobStep;
+using kvpipe::testing::reference_ran;
 using kvpipe::testing::run_command;
 
 namespace {
@@ -36,7 +37,7 @@ class LlamaCppParity : public ::testing::Test {
     const CommandResult probe =
         run_command(std::string(KVPIPE_PYTHON) + " -c 'import llama_cpp'", fs::temp_directory_path());
     ASSERT_EQ(probe.code, 0) << "llama-cpp-python is not importable by " << KVPIPE_PYTHON
-                             << ": run scripts/setup.sh\n" << probe.err;
+                             << ": run scripts/setup.sh --references\n" << probe.err;
     dir_ = kvpipe::testing::make_scratch_dir();
   }
   void TearDown() override {
@@ -65,7 +66,7 @@ class LlamaCppParity : public ::testing::Test {
                             "/tests/peer/llama_logprobs.py --model " + (dir_ / "model.gguf").string() +
                             " --prompt " + kPrompt + " --steps " + std::to_string(kSteps) + " --threads 1";
     const CommandResult r = run_command(cmd, dir_);
-    EXPECT_EQ(r.code, 0) << cmd << "\n" << r.err;
+    EXPECT_TRUE(reference_ran(r, "llama.cpp", cmd));
     return kvpipe::testing::parse_logprob_steps(r.out);
   }
 

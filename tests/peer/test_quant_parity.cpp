@@ -27,6 +27,7 @@
 namespace fs = std::filesystem;
 using kvpipe::testing::CommandResult;
 using kvpipe::testing::LogprobStep;
+using kvpipe::testing::reference_ran;
 using kvpipe::testing::run_command;
 
 namespace {
@@ -54,7 +55,7 @@ class QuantParity : public ::testing::TestWithParam<std::string> {
     const CommandResult probe =
         run_command(std::string(KVPIPE_PYTHON) + " -c 'import llama_cpp, gguf'", fs::temp_directory_path());
     ASSERT_EQ(probe.code, 0) << "llama-cpp-python or gguf is not importable by " << KVPIPE_PYTHON
-                             << ": run scripts/setup.sh\n" << probe.err;
+                             << ": run scripts/setup.sh --references\n" << probe.err;
     dir_ = kvpipe::testing::make_scratch_dir();
   }
   void TearDown() override {
@@ -80,7 +81,7 @@ class QuantParity : public ::testing::TestWithParam<std::string> {
     std::ofstream(dir_ / (name + "_tokens.jsonl")) << line.dump() << "\n";
     const CommandResult r = run_command(python("f64_reference.py") + " --model " + model + " --runs " +
                                             (dir_ / (name + "_tokens.jsonl")).string(), dir_);
-    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(reference_ran(r, "float64 (numpy)"));
     const auto ref = nlohmann::json::parse(r.out).at("steps");
     EXPECT_EQ(ref.size(), run.size());
     Error e;
@@ -112,7 +113,7 @@ TEST_P(QuantParity, ErrorAgainstFloat64NoLargerThanLlamaCpp) {
                                     f16, dir_);
   ASSERT_EQ(r.code, 0) << r.err;
   r = run_command(python("llama_quantize.py") + " " + f16 + " " + model + " " + type, dir_);
-  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_TRUE(reference_ran(r, "llama.cpp quantizer"));
 
   kvpipe::testing::write_greedy_job(dir_, model, kPrompt, kSteps);
   const auto ours = kvpipe::testing::run_kvpipe_logprobs(KVPIPE_BINARY, KVPIPE_MPIRUN, dir_, model, 1);
@@ -122,7 +123,7 @@ TEST_P(QuantParity, ErrorAgainstFloat64NoLargerThanLlamaCpp) {
   const std::string cmd = python("llama_logprobs.py") + " --model " + model + " --prompt " + kPrompt +
                           " --steps " + std::to_string(kSteps) + " --threads 1";
   r = run_command(cmd, dir_);
-  ASSERT_EQ(r.code, 0) << cmd << "\n" << r.err;
+  ASSERT_TRUE(reference_ran(r, "llama.cpp", cmd));
   const std::vector<LogprobStep> theirs = kvpipe::testing::parse_logprob_steps(r.out);
   ASSERT_EQ(theirs.size(), static_cast<size_t>(kSteps));
 

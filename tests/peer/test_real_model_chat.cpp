@@ -18,6 +18,7 @@
 
 namespace fs = std::filesystem;
 using kvpipe::testing::CommandResult;
+using kvpipe::testing::reference_ran;
 using kvpipe::testing::run_command;
 
 namespace {
@@ -43,7 +44,7 @@ class SmolLm2Chat : public ::testing::Test {
                                             "/tests/peer/smollm2_chat_reference.py --model " + model_.string() +
                                             " --message-file " + (dir_ / "message.txt").string(),
                                         dir_);
-    ASSERT_EQ(r.code, 0) << r.err;
+    ASSERT_TRUE(reference_ran(r, "transformers chat template + llama.cpp tokenizer"));
     reference_ = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
   }
   void TearDown() override {
@@ -78,7 +79,7 @@ TEST_F(SmolLm2Chat, GreedyAnswerMatchesLlamaCppOnOneAndTwoRanks) {
                                             "/tests/peer/llama_logprobs.py --model " + model_.string() +
                                             " --prompt " + prompt + " --steps " + std::to_string(kSteps),
                                         dir_);
-  ASSERT_EQ(ref.code, 0) << ref.err;
+  ASSERT_TRUE(reference_ran(ref, "llama.cpp"));
   const std::vector<kvpipe::testing::LogprobStep> ref_steps = kvpipe::testing::parse_logprob_steps(ref.out);
   ASSERT_EQ(ref_steps.size(), static_cast<size_t>(kSteps));
 
@@ -107,7 +108,7 @@ TEST_F(SmolLm2Chat, GreedyAnswerMatchesLlamaCppOnOneAndTwoRanks) {
         "m = llama_cpp.Llama(model_path=sys.argv[1], vocab_only=True, verbose=False); "
         "print(json.dumps(m.detokenize([int(t) for t in sys.argv[2].split(\",\")], special=False)"
         ".decode(\"utf-8\", \"replace\")))' " + model_.string() + " " + ids, dir_);
-    ASSERT_EQ(text.code, 0) << text.err;
+    ASSERT_TRUE(reference_ran(text, "llama.cpp detokenizer"));
     EXPECT_EQ(line.at("text"), nlohmann::json::parse(text.out)) << ranks << " rank(s)";
     if (ranks == 1) std::printf("[ answer ] %s\n", line.at("text").dump().c_str());
   }

@@ -3,7 +3,7 @@
 // many scripts, emoji sequences, combining marks, digit runs, whitespace runs, special tokens
 // inside text, long words, empty and blank strings):
 //   - GGUF vocabularies against llama.cpp (llama-cpp-python): llama.cpp's own ggml-vocab files
-//     (llama-spm, llama-bpe, qwen2, gpt-2, phi-3; unpacked by scripts/setup.sh) and SmolLM2's
+//     (llama-spm, llama-bpe, qwen2, gpt-2, phi-3; unpacked by scripts/setup.sh --references) and SmolLM2's
 //     GGUF (pre smollm): ids without and with BOS, and llama_detokenize's text; plus llama.cpp's
 //     own expected tokenizations (the .inp/.out files of its test-tokenizer-0);
 //   - tokenizer.json files made by transformers' GGUF conversion of those vocabularies (one with
@@ -24,6 +24,7 @@
 
 namespace fs = std::filesystem;
 using kvpipe::testing::CommandResult;
+using kvpipe::testing::reference_ran;
 using kvpipe::testing::run_command;
 using nlohmann::json;
 
@@ -44,9 +45,9 @@ class TokenizerParity : public ::testing::Test {
     const CommandResult probe = run_command(
         std::string(KVPIPE_PYTHON) + " -c 'import llama_cpp, tokenizers, transformers'", dir_);
     ASSERT_EQ(probe.code, 0) << "llama-cpp-python, tokenizers or transformers is not importable by "
-                             << KVPIPE_PYTHON << ": run scripts/setup.sh\n" << probe.err;
+                             << KVPIPE_PYTHON << ": run scripts/setup.sh --references\n" << probe.err;
     ASSERT_TRUE(fs::exists(vocab_dir() / "ggml-vocab-llama-bpe.gguf"))
-        << vocab_dir() << " lacks llama.cpp's vocabularies: run scripts/setup.sh";
+        << vocab_dir() << " lacks llama.cpp's vocabularies: run scripts/setup.sh --references";
   }
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir_);
@@ -54,7 +55,7 @@ class TokenizerParity : public ::testing::Test {
 
   json run_json(const std::string& command, const fs::path& out_file = {}) {
     const CommandResult r = run_command(command, dir_);
-    EXPECT_EQ(r.code, 0) << command << "\n" << r.err;
+    EXPECT_TRUE(reference_ran(r, "tokenizer", command));
     if (r.code != 0) return json();
     return json::parse(out_file.empty() ? r.out : kvpipe::testing::slurp(out_file));
   }
@@ -72,7 +73,7 @@ class TokenizerParity : public ::testing::Test {
     const CommandResult r = run_command(std::string(KVPIPE_PYTHON) + " " + quote(kReference) + " convert " +
                                             quote(gguf) + " " + quote(out) + " " + flags,
                                         dir_);
-    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(reference_ran(r, "tokenizer conversion"));
     return out;
   }
 
@@ -137,7 +138,7 @@ TEST_F(TokenizerParity, GgufMatchesLlamaCppTestFiles) {
                                             quote(gguf.string() + ".inp") + " " + quote(gguf.string() + ".out") +
                                             " " + quote(expected),
                                         dir_);
-    ASSERT_EQ(r.code, 0) << r.err;
+    ASSERT_TRUE(reference_ran(r, "llama.cpp tokenizer"));
     const json cases = json::parse(kvpipe::testing::slurp(expected));
     const fs::path strings = dir_ / (v + "_strings.json");
     std::ofstream(strings) << cases.at("strings").dump();

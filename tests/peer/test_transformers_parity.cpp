@@ -19,6 +19,7 @@ namespace fs = std::filesystem;
 using kvpipe::testing::CommandResult;
 using kvpipe::testing::LogprobComparison;
 using kvpipe::testing::LogprobStep;
+using kvpipe::testing::reference_ran;
 using kvpipe::testing::run_command;
 
 namespace {
@@ -34,7 +35,7 @@ class TransformersParity : public ::testing::Test {
     const CommandResult probe = run_command(
         std::string(KVPIPE_PYTHON) + " -c 'import transformers, gguf, safetensors'", fs::temp_directory_path());
     ASSERT_EQ(probe.code, 0) << "transformers, gguf or safetensors is not importable by " << KVPIPE_PYTHON
-                             << ": run scripts/setup.sh\n" << probe.err;
+                             << ": run scripts/setup.sh --references\n" << probe.err;
     dir_ = kvpipe::testing::make_scratch_dir();
   }
   void TearDown() override {
@@ -66,7 +67,7 @@ class TransformersParity : public ::testing::Test {
     const CommandResult ref_run = run_command(
         python("hf_logprobs.py", "--model " + hf + " --prompt " + kPrompt + " --steps " + std::to_string(kSteps)),
         dir_);
-    ASSERT_EQ(ref_run.code, 0) << ref_run.err;
+    ASSERT_TRUE(reference_ran(ref_run, "transformers (float64)"));
     const std::vector<LogprobStep> ref = kvpipe::testing::parse_logprob_steps(ref_run.out);
     ASSERT_EQ(ref.size(), static_cast<size_t>(kSteps)) << "transformers gave no usable output";
 
@@ -78,7 +79,7 @@ class TransformersParity : public ::testing::Test {
     if (gguf_twin) {
       const std::string gguf = (dir_ / "twin.gguf").string();
       const CommandResult w = run_command(python("gguf_from_hf.py", "--model " + hf + " --out " + gguf), dir_);
-      ASSERT_EQ(w.code, 0) << w.err;
+      ASSERT_TRUE(reference_ran(w, "gguf writer"));
       runs.push_back({"gguf-py twin, 1 rank", gguf, 1});
       runs.push_back({"gguf-py twin, 2 ranks", gguf, 2});
     }
