@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The README's test command: installs dependencies, builds, runs the whole test suite, then
-# fuzzes the parsers (scripts/fuzz.sh).
+# The README's test command: installs dependencies (the tests' references included), builds,
+# runs the whole test suite, then fuzzes the parsers (scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --references
 bash scripts/build.sh
 # Tests run one compute thread per rank; Open MPI refuses root without these.
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -23,7 +23,7 @@ def main() -> int:
         import torch
         import transformers
     except ImportError as e:
-        print(f"hf_logprobs: transformers is not installed ({e}): run scripts/setup.sh",
+        print(f"hf_logprobs: transformers is not installed ({e}): run scripts/setup.sh --references",
               file=sys.stderr)
         return 3
     torch.set_num_threads(1)

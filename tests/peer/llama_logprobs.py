@@ -26,7 +26,7 @@ def main() -> int:
     try:
         import llama_cpp
     except ImportError as e:
-        print(f"llama_logprobs: llama-cpp-python is not installed ({e}): run scripts/setup.sh",
+        print(f"llama_logprobs: llama-cpp-python is not installed ({e}): run scripts/setup.sh --references",
               file=sys.stderr)
         return 3
     prompt = [int(t) for t in args.prompt.split(",")]

@@ -6,7 +6,7 @@ Chromium with the keyboard alone against the real server and SmolLM2-135M-Instru
 
 It starts `$KVPIPE_BINARY serve --config $KVPIPE_SOURCE_DIR/configs/smollm2.yaml` on a free
 port through serve_fixture.Server, or with KVPIPE_SERVER_URL=http://HOST:PORT uses a server
-already running there (and skips the SIGTERM check). Needs Selenium (scripts/requirements.txt)
+already running there (and skips the SIGTERM check). Needs Selenium (scripts/requirements-references.txt)
 and Debian's chromium and chromium-driver; Selenium Manager is never used, so nothing is
 downloaded.
 """

@@ -28,7 +28,7 @@ class QuantGguf : public ::testing::TestWithParam<QuantType> {
     const kvpipe::testing::CommandResult probe =
         kvpipe::testing::run_command(std::string(KVPIPE_PYTHON) + " -c 'import gguf, numpy'", dir_);
     ASSERT_EQ(probe.code, 0) << "the gguf package is not importable by " << KVPIPE_PYTHON
-                             << ": run scripts/setup.sh\n" << probe.err;
+                             << ": run scripts/setup.sh --references\n" << probe.err;
   }
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir_);

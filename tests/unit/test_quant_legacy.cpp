@@ -392,7 +392,7 @@ class QuantLegacyGguf : public ::testing::Test {
     const kvpipe::testing::CommandResult probe =
         kvpipe::testing::run_command(std::string(KVPIPE_PYTHON) + " -c 'import gguf, numpy'", dir_);
     ASSERT_EQ(probe.code, 0) << "the gguf package is not importable by " << KVPIPE_PYTHON
-                             << ": run scripts/setup.sh\n"
+                             << ": run scripts/setup.sh --references\n"
                              << probe.err;
   }
   void TearDown() override {
