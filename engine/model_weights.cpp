@@ -4,7 +4,6 @@
 #include "engine/safetensors.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
 #include <memory>
@@ -85,19 +84,23 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> hf_tensor_layout(const
   return out;
 }
 
+at::Generator seeded_generator(at::Generator shared, uint64_t seed) {
+  at::Generator own;
+  {
+    // The shared generator's state is read under its lock; the copy is this caller's alone.
+    std::lock_guard<std::mutex> lock(shared.mutex());
+    own = shared.clone();
+  }
+  own.set_current_seed(seed);
+  return own;
+}
+
 at::Tensor random_tensor(const std::string& name, const std::vector<int64_t>& shape, uint64_t seed,
                          double std, at::Device device) {
-  at::Tensor t;
-  if (device.is_cpu()) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(stable_hash(name, seed));
-    t = at::normal(0.0, std, shape, gen, at::TensorOptions().dtype(at::kFloat));
-  } else {
-    // The device's default generator, reseeded per tensor: its draw depends on the seed alone.
-    at::Generator gen = at::globalContext().defaultGenerator(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_current_seed(stable_hash(name, seed));
-    t = at::normal(0.0, std, shape, gen, at::TensorOptions().dtype(at::kFloat).device(device));
-  }
+  // A draw locks its generator itself (the CPU and CUDA kernels both do): it must get one no
+  // caller holds, or it waits forever on its own thread.
+  const at::Generator gen = seeded_generator(at::globalContext().defaultGenerator(device), stable_hash(name, seed));
+  at::Tensor t = at::normal(0.0, std, shape, gen, at::TensorOptions().dtype(at::kFloat).device(device));
   if (is_norm(name)) t.add_(1.0);
   return t;
 }

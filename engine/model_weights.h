@@ -22,6 +22,10 @@
 #include <utility>
 #include <vector>
 
+namespace at {
+struct Generator;
+}  // namespace at
+
 namespace kvpipe {
 
 struct LayerRange {
@@ -64,10 +68,17 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> hf_tensor_layout(const
 
 // Random float32 tensor for `name`, a pure function of (seed, name, shape, std, device type):
 // norms are 1 + N(0, std), everything else N(0, std). On a GPU the tensor is drawn there
-// (a CPU draw of an 8B model takes a minute), from the device's generator, so its values
-// differ from the CPU's for the same seed; every rank on a GPU still draws the same values.
+// (a CPU draw of an 8B model takes a minute), from a generator of the device's kind, so its
+// values differ from the CPU's for the same seed; every rank on a GPU still draws the same
+// values. Safe to call from several threads at once.
 at::Tensor random_tensor(const std::string& name, const std::vector<int64_t>& shape, uint64_t seed,
                          double std, at::Device device = at::kCPU);
+
+// A generator of the caller's own, of `shared`'s kind (CPU or CUDA) and seeded with `seed`:
+// `shared` (a device's default generator) is locked only while it is copied, so draws from
+// the copy neither wait for nor disturb anyone else's use of it, and their values depend on
+// the seed alone. Draw with no generator lock held: the kernels take the lock themselves.
+at::Generator seeded_generator(at::Generator shared, uint64_t seed);
 
 // Resolves model.path: a directory with config.json, a GGUF file (*.gguf), or "dummy:<preset>".
 ModelConfig load_model_config(const std::string& path);
