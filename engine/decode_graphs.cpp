@@ -27,6 +27,9 @@ DecodeGraphs::DecodeGraphs(const ModelShard& shard, BlockPool& pool, int64_t max
                                 " is outside the KV pool");
   const int64_t bs = pool.block_size();
   table_width_ = (shard.config().max_position + bs - 1) / bs;
+  // A pool shared across instances (a process-wide handle) is freed with the last graph of the
+  // first instance, and the allocator refuses a later capture into it.
+  graph_pool_ = at::cuda::graph_pool_handle();
 }
 
 DecodeGraphs::~DecodeGraphs() = default;
@@ -99,8 +102,7 @@ DecodeGraphs::Graph& DecodeGraphs::graph_for(int64_t bucket) {
     const c10::cuda::CUDAStreamGuard stream_guard(capture_stream);
     body();
     capture_stream.synchronize();
-    static const at::cuda::MempoolId_t shared_pool = at::cuda::graph_pool_handle();
-    g->graph.capture_begin(shared_pool, cudaStreamCaptureModeThreadLocal);
+    g->graph.capture_begin(graph_pool_, cudaStreamCaptureModeThreadLocal);
     g->output = body();
     g->graph.capture_end();
     capture_stream.synchronize();
@@ -130,6 +132,7 @@ at::Tensor DecodeGraphs::run(const StepContext& ctx, const at::Tensor& hidden) {
   g.context_lens.narrow(0, 0, S).copy_(ctx.context_lens);
   if (g.hidden_in.defined()) g.hidden_in.narrow(0, 0, S).copy_(hidden.to(g.hidden_in.device(), /*non_blocking=*/true));
   g.graph.replay();
+  ++replays_;
   // A copy: the next replay overwrites the static output while this one may still be in use.
   return g.output.narrow(0, 0, S).clone();
 }

@@ -8,7 +8,9 @@
 // and rows past the real batch are padding that writes its K/V into a scratch block the
 // scheduler never hands out (`scratch_block`, the pool's last block) and attends only to it.
 // Sampling, NCCL and everything on the host stay outside the graph. Graphs are captured on
-// first use of their size on a side stream and share one memory pool.
+// first use of their size on a side stream and share one memory pool, the instance's own: a
+// pool outlives no instance, so a later DecodeGraphs in the same process (another dtype, another
+// job in a test) captures into a fresh one.
 //
 // Only steps the paged decode path takes (one new token per sequence, no window, no
 // layer-level reuse, float storage of the compute dtype, head size 64 or 128) run as graphs;
@@ -20,6 +22,7 @@
 #include "engine/step_batch.h"
 
 #include <ATen/Tensor.h>
+#include <c10/core/Allocator.h>
 
 #include <cstdint>
 #include <map>
@@ -48,7 +51,8 @@ class DecodeGraphs {
 
   // Graphs captured so far (one per padded batch size used).
   int64_t graphs_captured() const { return static_cast<int64_t>(graphs_.size()); }
-
+  // Steps run from a graph so far (a captured graph's first step included).
+  int64_t replays() const { return replays_; }
 
  private:
   struct Graph;
@@ -59,6 +63,8 @@ class DecodeGraphs {
   int64_t max_batch_;
   int64_t scratch_block_;
   int64_t table_width_;  // block table columns: enough for the model's whole context
+  c10::MempoolId_t graph_pool_;  // the allocator pool every graph of this instance captures into
+  int64_t replays_ = 0;
   std::map<int64_t, std::unique_ptr<Graph>> graphs_;
 };
 
