@@ -38,39 +38,55 @@ std::optional<AttentionPath> attention_path_from_env() {
 }
 
 bool paged_decode_fits(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const BlockPool& pool,
-                       const StepBatch& batch, const StepContext& ctx) {
-  if (!ctx.decode_only || batch.window_recent > 0 || pool.dtype() == KvDtype::kQ8_0) return false;
+                       const StepBatch& batch) {
+  if (!is_decode_only(batch) || batch.window_recent > 0 || pool.dtype() == KvDtype::kQ8_0) return false;
   if (kv_storage_scalar_type(pool.dtype()) != q_dtype) return false;
   return !on_gpu || head_dim == 64 || head_dim == 128;
 }
+
+bool paged_decode_fits(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const BlockPool& pool,
+                       const StepBatch& batch, const StepContext& ctx) {
+  return ctx.decode_only && paged_decode_fits(q_dtype, head_dim, on_gpu, pool, batch);
+}
+
+bool attention_reads_keys(AttentionPath path) { return path != AttentionPath::kPagedDecode; }
 
 namespace {
 
 bool is_16bit(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
-bool varlen_fits(const at::Tensor& q, const StepBatch& batch) {
+bool varlen_fits(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const StepBatch& batch) {
   if (batch.window_recent > 0) return false;
   // FlashAttention-2: 16-bit, head sizes up to 256 in multiples of 8.
-  const int64_t hd = q.size(-1);
-  return q.is_cpu() || (is_16bit(q.scalar_type()) && hd % 8 == 0 && hd <= 256);
+  return !on_gpu || (is_16bit(q_dtype) && head_dim % 8 == 0 && head_dim <= 256);
 }
 
-}  // namespace
-
-AttentionPath choose_attention_path(const at::Tensor& q, const BlockPool& pool, const StepBatch& batch,
-                                    const StepContext& ctx, std::optional<AttentionPath> preferred) {
-  const bool paged = paged_decode_fits(q.scalar_type(), q.size(-1), !q.is_cpu(), pool, batch, ctx);
-  const bool varlen = varlen_fits(q, batch);
+AttentionPath choose_path(bool on_gpu, bool paged, bool varlen, std::optional<AttentionPath> preferred) {
   if (preferred) {
     if (*preferred == AttentionPath::kPagedDecode && paged) return *preferred;
     if (*preferred == AttentionPath::kVarlen && varlen) return *preferred;
     if (*preferred == AttentionPath::kPerSequence) return *preferred;
   }
   // The CPU's own path is the per-sequence one (its batched paths are references).
-  if (q.is_cpu()) return AttentionPath::kPerSequence;
+  if (!on_gpu) return AttentionPath::kPerSequence;
   if (paged) return AttentionPath::kPagedDecode;
   if (varlen) return AttentionPath::kVarlen;
   return AttentionPath::kPerSequence;
+}
+
+}  // namespace
+
+AttentionPath choose_attention_path(const at::Tensor& q, const BlockPool& pool, const StepBatch& batch,
+                                    const StepContext& ctx, std::optional<AttentionPath> preferred) {
+  const bool on_gpu = !q.is_cpu();
+  return choose_path(on_gpu, paged_decode_fits(q.scalar_type(), q.size(-1), on_gpu, pool, batch, ctx),
+                     varlen_fits(q.scalar_type(), q.size(-1), on_gpu, batch), preferred);
+}
+
+AttentionPath choose_attention_path(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const BlockPool& pool,
+                                    const StepBatch& batch, std::optional<AttentionPath> preferred) {
+  return choose_path(on_gpu, paged_decode_fits(q_dtype, head_dim, on_gpu, pool, batch),
+                     varlen_fits(q_dtype, head_dim, on_gpu, batch), preferred);
 }
 
 at::Tensor varlen_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -35,11 +35,20 @@ std::optional<AttentionPath> attention_path_from_env();
 // reference takes any).
 bool paged_decode_fits(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const BlockPool& pool,
                        const StepBatch& batch, const StepContext& ctx);
+bool paged_decode_fits(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const BlockPool& pool,
+                       const StepBatch& batch);
 
 // The path for one layer of a step: `preferred` when given and the step allows it, otherwise
 // the fastest that does. q is [T, heads, head_dim] on the compute device.
 AttentionPath choose_attention_path(const at::Tensor& q, const BlockPool& pool, const StepBatch& batch,
                                     const StepContext& ctx, std::optional<AttentionPath> preferred);
+// The same choice before any tensor of the step exists (its context is built for the path).
+AttentionPath choose_attention_path(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const BlockPool& pool,
+                                    const StepBatch& batch, std::optional<AttentionPath> preferred);
+
+// Whether `path` reads the step's per-key indices (StepContext::key_indices): the per-sequence
+// and varlen paths gather keys through them; the paged decode path reads block tables.
+bool attention_reads_keys(AttentionPath path);
 
 // Causal attention of each sequence's new queries (rows cu_seqlens_q[i] .. of q [T, heads,
 // head_dim]) over its keys and values (rows cu_seqlens_k[i] .. of k, v [K, kv_heads,

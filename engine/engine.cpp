@@ -56,7 +56,9 @@ StepOutput sample_batch(const StepBatch& batch, const at::Tensor& logits) {
 
 StageResult run_stage(const ModelShard& shard, BlockPool& pool, const StepBatch& batch,
                       const at::Tensor& hidden, DecodeGraphs* graphs) {
-  const StepContext ctx = make_step_context(batch, pool.block_size(), shard.device());
+  // Per-key indices grow with every sequence's context: built only for a path that reads them.
+  const StepContext ctx =
+      make_step_context(batch, pool.block_size(), shard.device(), shard.step_reads_keys(pool, batch));
   if (graphs != nullptr && graphs->handles(batch, ctx)) {
     StageResult r;
     const at::Tensor out = graphs->run(ctx, hidden);

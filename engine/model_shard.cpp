@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 namespace kvpipe {
 
@@ -32,6 +33,15 @@ int64_t ModelShard::num_cached_layers() const {
   return std::max<int64_t>(0, weights_.layers.end - std::max(weights_.layers.begin, first_cached_layer_));
 }
 
+AttentionPath ModelShard::attention_path_for(const BlockPool& pool, const StepBatch& batch) const {
+  return choose_attention_path(weights_.dtype, weights_.config.head_dim, !weights_.device.is_cpu(), pool, batch,
+                               attention_path_);
+}
+
+bool ModelShard::step_reads_keys(const BlockPool& pool, const StepBatch& batch) const {
+  return num_cached_layers() > 0 && attention_reads_keys(attention_path_for(pool, batch));
+}
+
 at::Tensor ModelShard::embed(const at::Tensor& token_ids) const {
   return weights_.embedding.gather_rows(token_ids, weights_.dtype);
 }
@@ -55,6 +65,9 @@ at::Tensor ModelShard::attention_block(const at::Tensor& x, int64_t local, const
 
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   const AttentionPath path = choose_attention_path(q, pool, batch, ctx, attention_path_);
+  if (attention_reads_keys(path) && !ctx.key_indices)
+    throw std::logic_error("attention path " + attention_path_name(path) +
+                           " needs the step's key indices, which its context was built without");
   ++attention_calls_[static_cast<size_t>(path)];
   switch (path) {
     case AttentionPath::kPagedDecode:

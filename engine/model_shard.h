@@ -57,6 +57,10 @@ class ModelShard {
   std::optional<AttentionPath> attention_path() const { return attention_path_; }
   // Cached layers' attention computed by `path` so far (tests check which path steps took).
   int64_t attention_calls(AttentionPath path) const { return attention_calls_[static_cast<size_t>(path)]; }
+  // The path this shard's cached layers take for `batch` (every layer takes the same), and
+  // whether it needs the step's per-key indices (make_step_context's `key_indices`).
+  AttentionPath attention_path_for(const BlockPool& pool, const StepBatch& batch) const;
+  bool step_reads_keys(const BlockPool& pool, const StepBatch& batch) const;
 
  private:
   at::Tensor attention_block(const at::Tensor& x, int64_t local_layer, const StepBatch& batch,

@@ -10,7 +10,7 @@ namespace kvpipe {
 
 namespace {
 
-StepContext make_host_step_context(const StepBatch& batch, int64_t block_size) {
+StepContext make_host_step_context(const StepBatch& batch, int64_t block_size, bool key_indices) {
   int64_t T = 0, full_total = 0;
   for (const SeqStep& s : batch.seqs) {
     T += s.num_new;
@@ -27,7 +27,8 @@ StepContext make_host_step_context(const StepBatch& batch, int64_t block_size) {
   std::vector<int64_t> rows, full_positions, new_rows, key_slots;
   std::vector<int32_t> cu_q(S + 1, 0), cu_k(S + 1, 0), lens(S);
   int64_t t = 0, max_blocks = 0;
-  ctx.decode_only = S > 0;
+  ctx.decode_only = is_decode_only(batch);
+  ctx.key_indices = key_indices;
   auto slot_of = [&](const SeqStep& s, int64_t p) {
     const int32_t block = s.block_table[p / block_size];
     if (block < 0)
@@ -43,14 +44,17 @@ StepContext make_host_step_context(const StepBatch& batch, int64_t block_size) {
     // Keys of the cached layers: every earlier position, or with a window the sinks and the
     // positions that the first new query can still see.
     std::vector<int64_t> key_pos;
-    if (batch.window_recent <= 0) {
-      for (int64_t p = 0; p < total; ++p) key_pos.push_back(p);
-    } else {
-      const int64_t sinks = std::min(batch.window_sinks, total);
-      for (int64_t p = 0; p < sinks; ++p) key_pos.push_back(p);
-      for (int64_t p = std::max(sinks, s.context_len - batch.window_recent + 1); p < total; ++p) key_pos.push_back(p);
+    if (key_indices) {
+      if (batch.window_recent <= 0) {
+        key_pos.resize(total);
+        for (int64_t p = 0; p < total; ++p) key_pos[p] = p;
+      } else {
+        const int64_t sinks = std::min(batch.window_sinks, total);
+        for (int64_t p = 0; p < sinks; ++p) key_pos.push_back(p);
+        for (int64_t p = std::max(sinks, s.context_len - batch.window_recent + 1); p < total; ++p) key_pos.push_back(p);
+      }
+      for (const int64_t p : key_pos) key_slots.push_back(slot_of(s, p));
     }
-    for (const int64_t p : key_pos) key_slots.push_back(slot_of(s, p));
     if (batch.full_sequences) {
       for (int64_t p = 0; p < total; ++p) full_positions.push_back(p);
       for (int64_t j = 0; j < s.num_new; ++j)
@@ -61,7 +65,7 @@ StepContext make_host_step_context(const StepBatch& batch, int64_t block_size) {
       slot[t] = slot_of(s, s.context_len + j);
     }
     if (s.sample) rows.push_back(t - 1);
-    ctx.seq_key_positions.push_back(at::tensor(key_pos, at::kLong));
+    if (key_indices) ctx.seq_key_positions.push_back(at::tensor(key_pos, at::kLong));
     const int64_t keys = static_cast<int64_t>(key_pos.size());
     cu_q[i + 1] = static_cast<int32_t>(cu_q[i] + s.num_new);
     cu_k[i + 1] = static_cast<int32_t>(cu_k[i] + keys);
@@ -69,7 +73,6 @@ StepContext make_host_step_context(const StepBatch& batch, int64_t block_size) {
     ctx.max_seqlen_q = std::max(ctx.max_seqlen_q, s.num_new);
     ctx.max_seqlen_k = std::max(ctx.max_seqlen_k, keys);
     max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(s.block_table.size()));
-    ctx.decode_only = ctx.decode_only && s.num_new == 1;
   }
   ctx.token_ids = at::tensor(batch.token_ids, at::kLong);
   ctx.positions = positions;
@@ -79,11 +82,13 @@ StepContext make_host_step_context(const StepBatch& batch, int64_t block_size) {
     ctx.full_positions = at::tensor(full_positions, at::kLong);
     ctx.new_rows = at::tensor(new_rows, at::kLong);
   }
-  // Each sequence's key slots are a view of the packed ones.
-  ctx.key_slots = at::tensor(key_slots, at::kLong);
-  for (int64_t i = 0; i < S; ++i) ctx.seq_slots.push_back(ctx.key_slots.narrow(0, cu_k[i], cu_k[i + 1] - cu_k[i]));
   ctx.cu_seqlens_q = at::tensor(cu_q, at::kInt);
-  ctx.cu_seqlens_k = at::tensor(cu_k, at::kInt);
+  if (key_indices) {
+    // Each sequence's key slots are a view of the packed ones.
+    ctx.key_slots = at::tensor(key_slots, at::kLong);
+    for (int64_t i = 0; i < S; ++i) ctx.seq_slots.push_back(ctx.key_slots.narrow(0, cu_k[i], cu_k[i + 1] - cu_k[i]));
+    ctx.cu_seqlens_k = at::tensor(cu_k, at::kInt);
+  }
   ctx.context_lens = at::tensor(lens, at::kInt);
   ctx.block_tables = at::full({S, max_blocks}, -1, at::kInt);
   for (int64_t i = 0; i < S; ++i) {
@@ -96,8 +101,13 @@ StepContext make_host_step_context(const StepBatch& batch, int64_t block_size) {
 
 }  // namespace
 
-StepContext make_step_context(const StepBatch& batch, int64_t block_size, at::Device device) {
-  StepContext ctx = make_host_step_context(batch, block_size);
+bool is_decode_only(const StepBatch& batch) {
+  return !batch.seqs.empty() &&
+         std::all_of(batch.seqs.begin(), batch.seqs.end(), [](const SeqStep& s) { return s.num_new == 1; });
+}
+
+StepContext make_step_context(const StepBatch& batch, int64_t block_size, at::Device device, bool key_indices) {
+  StepContext ctx = make_host_step_context(batch, block_size, key_indices);
   return device.is_cpu() ? ctx : pack_step_context(ctx, device);
 }
 
@@ -105,9 +115,9 @@ StepContext pack_step_context(const StepContext& host, at::Device device) {
   StepContext ctx = host;
   // Every index tensor goes into one host buffer (int32 ones widened), crosses in one copy,
   // and comes back out as views (int32 ones narrowed on the device).
-  const at::Tensor cu_k_host = ctx.cu_seqlens_k.to(at::kCPU);
-  std::vector<at::Tensor*> fields = {&ctx.token_ids, &ctx.positions, &ctx.slots, &ctx.sample_rows, &ctx.key_slots,
-                                     &ctx.cu_seqlens_q, &ctx.cu_seqlens_k, &ctx.block_tables, &ctx.context_lens};
+  std::vector<at::Tensor*> fields = {&ctx.token_ids, &ctx.positions, &ctx.slots, &ctx.sample_rows,
+                                     &ctx.cu_seqlens_q, &ctx.block_tables, &ctx.context_lens};
+  if (ctx.key_indices) fields.insert(fields.end(), {&ctx.key_slots, &ctx.cu_seqlens_k});
   if (ctx.full_positions.defined()) fields.insert(fields.end(), {&ctx.full_positions, &ctx.new_rows});
   for (auto& t : ctx.seq_key_positions) fields.push_back(&t);
   std::vector<at::Tensor> flat;
@@ -120,10 +130,13 @@ StepContext pack_step_context(const StepContext& host, at::Device device) {
     *t = t->scalar_type() == at::kLong ? view : view.to(t->scalar_type());
     offset += n;
   }
-  // Per-sequence key slots are views of the packed ones.
-  const auto* cu_k = cu_k_host.data_ptr<int32_t>();
-  for (size_t i = 0; i < ctx.seq_slots.size(); ++i)
-    ctx.seq_slots[i] = ctx.key_slots.narrow(0, cu_k[i], cu_k[i + 1] - cu_k[i]);
+  if (ctx.key_indices) {
+    // Per-sequence key slots are views of the packed ones.
+    const at::Tensor cu_k_host = host.cu_seqlens_k.to(at::kCPU);
+    const auto* cu_k = cu_k_host.data_ptr<int32_t>();
+    for (size_t i = 0; i < ctx.seq_slots.size(); ++i)
+      ctx.seq_slots[i] = ctx.key_slots.narrow(0, cu_k[i], cu_k[i + 1] - cu_k[i]);
+  }
   return ctx;
 }
 

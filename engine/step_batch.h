@@ -48,11 +48,15 @@ struct StepBatch {
 
 // Index tensors derived once per step and shared by every layer of a stage. On a GPU they
 // cross to the device in one copy (make_step_context), so a step pays one transfer for its
-// indices whatever its batch.
+// indices whatever its batch. The per-key indices (a slot and a position for every key of
+// every sequence: they grow with the context) are built only when the step's attention path
+// reads them (`key_indices`); the paged decode path and CUDA graphs read block tables instead.
 struct StepContext {
   at::Tensor token_ids;               // int64: the batch's token ids (the first stage's input)
   at::Tensor positions;               // int64 [T]: position of each new token
   at::Tensor slots;                   // int64 [T]: cache slot of each new token
+  bool key_indices = true;            // seq_slots, seq_key_positions, key_slots, cu_seqlens_k,
+                                      // max_seqlen_k are built (else empty, undefined, 0)
   std::vector<at::Tensor> seq_slots;  // per sequence: slots of the cached keys it attends to
   std::vector<at::Tensor> seq_key_positions;  // per sequence: their positions
   at::Tensor sample_rows;             // int64 [S]: rows of T whose logits are sampled
@@ -72,8 +76,13 @@ struct StepContext {
   bool decode_only = false;  // every sequence computes exactly one new token
 };
 
-// The step's indices on `device` (the CPU: as built; a GPU: copied there in one transfer).
-StepContext make_step_context(const StepBatch& batch, int64_t block_size, at::Device device = at::kCPU);
+// The step's indices on `device` (the CPU: as built; a GPU: copied there in one transfer),
+// with the per-key ones only when `key_indices` (ModelShard::step_reads_keys says).
+StepContext make_step_context(const StepBatch& batch, int64_t block_size, at::Device device = at::kCPU,
+                              bool key_indices = true);
+
+// Every sequence of the (non-empty) batch computes exactly one new token.
+bool is_decode_only(const StepBatch& batch);
 
 // `host`'s index tensors packed into one buffer, moved to `device` in one copy and taken
 // apart again as views (what make_step_context does for a GPU; any device, for tests).

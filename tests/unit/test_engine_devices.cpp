@@ -289,11 +289,44 @@ TEST(GpuDecodeGraphs, ReplayMatchesEagerSteps) {
       replayed.logits[ev.request_id].push_back(at::from_blob(const_cast<float*>(ev.logits), {ev.vocab}).clone());
     });
     EXPECT_GE(graphs.graphs_captured(), 2) << "batches of several sizes should have replayed";
+    EXPECT_GT(graphs.replays(), graphs.graphs_captured());
     const DeviceCase c{"graphs", at::kCUDA, dtype, std::nullopt, {}};
     for (const Request& r : requests)
       expect_same_run(replayed.tokens.at(r.id), replayed.logits.at(r.id), eager.tokens.at(r.id), eager.logits.at(r.id),
                       tolerance(c), dtype == at::kFloat, "request " + std::to_string(r.id));
   }
+}
+
+// Graphs of one instance capture into that instance's memory pool: a second DecodeGraphs,
+// made after the first is gone, captures and replays too (with a pool shared by the process
+// the allocator refuses that capture).
+TEST(GpuDecodeGraphs, SecondInstanceCapturesAfterTheFirstIsGone) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: CUDA graphs need a GPU";
+  const ModelConfig cfg = device_config();
+  const ModelShard shard(move_weights(random_weights(cfg, {{0, cfg.num_layers}, true, true}, 5, 0.1, at::kFloat),
+                                      at::Device(at::kCUDA, 0), at::kBFloat16));
+  SchedulerOptions o;
+  o.block_size = 16;
+  o.max_batch = 4;
+  const int64_t blocks = 32;
+  std::vector<std::vector<int64_t>> outputs;
+  for (int round = 0; round < 3; ++round) {
+    BlockPool pool(shard.kv_shape(o.block_size), blocks + 1, at::kBFloat16, shard.device());
+    DecodeGraphs graphs(shard, pool, o.max_batch, blocks);
+    LocalExecutor executor(shard, pool, nullptr, &graphs);
+    EngineOptions eo;
+    eo.scheduler = o;
+    eo.scheduler.max_context = cfg.max_position;
+    Engine engine(executor, cfg, blocks, eo);
+    engine.add(make_request(0, prompt_of(20, 1, cfg.vocab_size), 8));
+    std::vector<int64_t> tokens;
+    engine.run([&](const TokenEvent& ev) { tokens.push_back(ev.token); });
+    EXPECT_EQ(graphs.graphs_captured(), 1) << "round " << round;
+    EXPECT_EQ(graphs.replays(), 7) << "round " << round << ": every decode step after the prefill";
+    outputs.push_back(tokens);
+  }
+  EXPECT_EQ(outputs[1], outputs[0]);
+  EXPECT_EQ(outputs[2], outputs[0]);
 }
 
 // Which path a step takes: the CPU computes per sequence unless told otherwise, a window
@@ -325,6 +358,53 @@ TEST(AttentionBackend, PathFollowsDeviceStepAndPool) {
   EXPECT_EQ(choose_attention_path(q, pool, windowed, ctx, AttentionPath::kVarlen), AttentionPath::kPerSequence);
   EXPECT_EQ(parse_attention_path("paged", "x"), AttentionPath::kPagedDecode);
   EXPECT_THROW(parse_attention_path("flash", "KVPIPE_ATTENTION"), std::invalid_argument);
+  // Chosen before the step's tensors exist, the same way.
+  for (const std::optional<AttentionPath> preferred :
+       {std::optional<AttentionPath>(), std::optional<AttentionPath>(AttentionPath::kPagedDecode),
+        std::optional<AttentionPath>(AttentionPath::kVarlen)})
+    for (const StepBatch* b : {&decode, &windowed})
+      EXPECT_EQ(choose_attention_path(at::kFloat, cfg.head_dim, /*on_gpu=*/false, pool, *b, preferred),
+                choose_attention_path(q, pool, *b, ctx, preferred));
+}
+
+// A step's per-key indices are built only when its path reads them: never for decode steps
+// that the paged kernel takes, always for prefill and for the per-sequence and varlen paths;
+// and a path that needs them refuses a context built without.
+TEST(AttentionBackend, KeyIndicesOnlyForThePathsThatReadThem) {
+  const ModelConfig cfg = device_config();
+  ModelShard shard(random_weights(cfg, {{0, cfg.num_layers}, true, true}, 1, 0.1, at::kFloat));
+  const BlockPool pool(shard.kv_shape(16), 8, at::kFloat, at::kCPU);
+  StepBatch decode, prefill;
+  for (int64_t i = 0; i < 2; ++i) {
+    SeqStep s;
+    s.request_id = i, s.context_len = 5, s.num_new = 1, s.sample = true, s.block_table = {static_cast<int32_t>(i)};
+    decode.seqs.push_back(s);
+    decode.token_ids.push_back(3);
+    s.context_len = 0, s.num_new = 6;
+    prefill.seqs.push_back(s);
+    prefill.token_ids.insert(prefill.token_ids.end(), 6, 3);
+  }
+  StepBatch windowed = decode;
+  windowed.window_recent = 4;
+  EXPECT_FALSE(attention_reads_keys(AttentionPath::kPagedDecode));
+  EXPECT_TRUE(attention_reads_keys(AttentionPath::kVarlen));
+  EXPECT_TRUE(attention_reads_keys(AttentionPath::kPerSequence));
+  shard.set_attention_path(std::nullopt);  // the CPU's own path: per sequence
+  EXPECT_TRUE(shard.step_reads_keys(pool, decode));
+  shard.set_attention_path(AttentionPath::kVarlen);
+  EXPECT_TRUE(shard.step_reads_keys(pool, decode));
+  shard.set_attention_path(AttentionPath::kPagedDecode);
+  EXPECT_FALSE(shard.step_reads_keys(pool, decode));
+  EXPECT_TRUE(shard.step_reads_keys(pool, prefill));
+  EXPECT_TRUE(shard.step_reads_keys(pool, windowed));
+  // run_stage builds the lean context for the paged decode step, and the step computes.
+  BlockPool run_pool(shard.kv_shape(16), 8, at::kFloat, at::kCPU);
+  EXPECT_NO_THROW(run_stage(shard, run_pool, decode, {}));
+  EXPECT_EQ(shard.attention_calls(AttentionPath::kPagedDecode), cfg.num_layers);
+  // The per-sequence path refuses a context without key indices instead of reading past it.
+  shard.set_attention_path(AttentionPath::kPerSequence);
+  const StepContext lean = make_step_context(decode, 16, at::kCPU, /*key_indices=*/false);
+  EXPECT_THROW(shard.forward(shard.embed(lean.token_ids), decode, lean, run_pool), std::logic_error);
 }
 
 }  // namespace

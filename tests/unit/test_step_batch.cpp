@@ -230,14 +230,14 @@ TEST(StepBatchContext, packed_indices_for_varlen_and_paged_attention) {
 
 // What a GPU step receives: every index through one packed buffer, taken apart again.
 TEST(StepBatchContext, packed_copy_gives_the_same_indices) {
-  for (const bool full : {false, true}) {
+  for (const bool full : {false, true}) for (const bool keys : {true, false}) {
     StepBatch batch =
         make_batch({make_seq(1, 5, 3, false, {7, 2}), make_seq(2, 0, 2, true, {3}), make_seq(3, 9, 1, true, {1, 0, 6})});
     if (full) {
       batch.full_sequences = true;
       batch.token_ids.assign(5 + 3 + 2 + 9 + 1, 4);
     }
-    const StepContext host = make_step_context(batch, 4);
+    const StepContext host = make_step_context(batch, 4, at::kCPU, keys);
     const StepContext packed = pack_step_context(host, at::kCPU);
     const std::vector<std::pair<const at::Tensor*, const at::Tensor*>> fields = {
         {&host.token_ids, &packed.token_ids},       {&host.positions, &packed.positions},
@@ -262,7 +262,35 @@ TEST(StepBatchContext, packed_copy_gives_the_same_indices) {
     EXPECT_EQ(packed.max_seqlen_q, host.max_seqlen_q);
     EXPECT_EQ(packed.max_seqlen_k, host.max_seqlen_k);
     EXPECT_EQ(packed.decode_only, host.decode_only);
+    EXPECT_EQ(packed.key_indices, host.key_indices);
   }
+}
+
+// The paged decode path and CUDA graphs read block tables, not a slot per key: a context built
+// for them has no per-key indices and every other index as a full one has it.
+TEST(StepBatchContext, without_key_indices_the_rest_is_the_same) {
+  const StepBatch batch =
+      make_batch({make_seq(1, 7, 1, true, {7, 2}), make_seq(2, 2, 1, true, {3}), make_seq(3, 9, 1, true, {1, 0, 6})});
+  const StepContext full = make_step_context(batch, 4);
+  const StepContext lean = make_step_context(batch, 4, at::kCPU, /*key_indices=*/false);
+  EXPECT_TRUE(full.key_indices);
+  EXPECT_FALSE(lean.key_indices);
+  EXPECT_FALSE(lean.key_slots.defined());
+  EXPECT_FALSE(lean.cu_seqlens_k.defined());
+  EXPECT_TRUE(lean.seq_slots.empty());
+  EXPECT_TRUE(lean.seq_key_positions.empty());
+  EXPECT_EQ(lean.max_seqlen_k, 0);
+  for (const auto& [want, got] : std::vector<std::pair<at::Tensor, at::Tensor>>{
+           {full.token_ids, lean.token_ids},       {full.positions, lean.positions},
+           {full.slots, lean.slots},               {full.sample_rows, lean.sample_rows},
+           {full.cu_seqlens_q, lean.cu_seqlens_q}, {full.block_tables, lean.block_tables},
+           {full.context_lens, lean.context_lens}})
+    EXPECT_TRUE(at::equal(want, got));
+  EXPECT_EQ(lean.max_seqlen_q, full.max_seqlen_q);
+  EXPECT_TRUE(lean.decode_only);
+  EXPECT_TRUE(is_decode_only(batch));
+  EXPECT_FALSE(is_decode_only(StepBatch{}));
+  EXPECT_FALSE(is_decode_only(make_batch({make_seq(1, 7, 1, true, {7, 2}), make_seq(2, 0, 2, true, {3})})));
 }
 
 TEST(StepBatchContext, decoded_header_gives_same_context) {
