@@ -68,7 +68,31 @@ struct Measured {
   PrefixCacheStats prefix;
   int64_t preemptions = 0, recomputed_tokens = 0, computed_tokens = 0, peak_blocks_used = 0;
   std::vector<OpTotal> top_ops;
+  // Rank 0 over the measured phase: which attention path its layers took, how many steps its
+  // CUDA graphs replayed (-1: no graphs), and a digest of every measured request's output.
+  int64_t attention_calls[3] = {0, 0, 0};
+  int64_t cached_layers = 0;  // rank 0's layers that keep K/V (each makes one attention call a step)
+  int64_t graphs_captured = -1, graph_replays = -1;
+  uint64_t output_digest = 0;
 };
+
+// FNV-1a over the measured requests' ids and output tokens, in id order: two runs of one
+// workload that generate the same tokens have the same digest.
+uint64_t output_digest(const std::vector<std::pair<int64_t, std::vector<int64_t>>>& outputs) {
+  uint64_t h = 1469598103934665603ULL;
+  auto add = [&](int64_t v) {
+    for (int b = 0; b < 8; ++b) {
+      h ^= static_cast<uint64_t>(v >> (8 * b)) & 0xFF;
+      h *= 1099511628211ULL;
+    }
+  };
+  for (const auto& [id, tokens] : outputs) {
+    add(id);
+    add(static_cast<int64_t>(tokens.size()));
+    for (const int64_t t : tokens) add(t);
+  }
+  return h;
+}
 
 std::vector<Request> to_requests(const std::vector<WorkloadRequest>& drawn, int64_t first_id, const JobConfig& job) {
   std::vector<Request> out;
@@ -102,6 +126,7 @@ void run_benchmark(CoordinatorContext& c, TraceRecorder& trace, const BenchOptio
     engine.run();
   }
   const size_t steps_before = engine.stats().step_records.size();
+  const EngineCounters counters_before = engine_counters(c.shard, c.graphs);
   const PrefixCacheStats prefix_before = engine.scheduler().blocks().stats();
   const SchedulerStats sched_before = engine.scheduler().stats();
 
@@ -149,6 +174,12 @@ void run_benchmark(CoordinatorContext& c, TraceRecorder& trace, const BenchOptio
   m.recomputed_tokens = ss.recomputed_tokens - sched_before.recomputed_tokens;
   m.computed_tokens = ss.computed_tokens - sched_before.computed_tokens;
   for (const StepRecord& s : m.steps) m.peak_blocks_used = std::max(m.peak_blocks_used, s.blocks_used);
+  const EngineCounters counters = engine_counters(c.shard, c.graphs);
+  for (size_t p = 0; p < 3; ++p) m.attention_calls[p] = counters.attention_calls[p] - counters_before.attention_calls[p];
+  m.cached_layers = c.shard.num_cached_layers();
+  m.graphs_captured = counters.graphs_captured;
+  if (c.graphs != nullptr) m.graph_replays = counters.graph_replays - counters_before.graph_replays;
+  std::vector<std::pair<int64_t, std::vector<int64_t>>> outputs;
 
   for (const auto& seq : engine.scheduler().sequences()) {
     if (seq->request.id < w.warmup || !seq->finished()) continue;
@@ -169,11 +200,14 @@ void run_benchmark(CoordinatorContext& c, TraceRecorder& trace, const BenchOptio
       m.itl.push_back(gap);
       row.itl_max_ms = std::max(row.itl_max_ms, gap);
     }
+    outputs.emplace_back(row.id, std::vector<int64_t>(seq->tokens.end() - row.output_tokens, seq->tokens.end()));
     m.ttft.push_back(row.ttft_ms);
     m.e2e.push_back(row.e2e_ms);
     if (row.output_tokens > 1) m.tpot.push_back(row.tpot_ms);
     m.rows.push_back(row);
   }
+  std::sort(outputs.begin(), outputs.end());
+  m.output_digest = output_digest(outputs);
 }
 
 std::string cpu_model() {
@@ -260,26 +294,49 @@ ordered_json make_report(const ReportInputs& in) {
   report["throughput"] = {{"output_tokens_per_s", round3(output_tokens / d)},
                           {"total_tokens_per_s", round3((prompt_tokens + output_tokens) / d)},
                           {"requests_per_s", round3(static_cast<double>(m.rows.size()) / d)}};
-  std::vector<double> step_ms, decode_step_ms;
+  std::vector<double> step_ms, decode_step_ms, full_batch_ms;
   double blocks_sum = 0;
+  int64_t full_batch = 0;  // the most sequences one decode-only step carried
   for (const StepRecord& s : m.steps) {
     const double v = s.ms();
     step_ms.push_back(v);
-    if (s.prompt_tokens == 0) decode_step_ms.push_back(v);
+    if (s.prompt_tokens == 0) decode_step_ms.push_back(v), full_batch = std::max(full_batch, s.sequences);
     blocks_sum += static_cast<double>(s.blocks_used);
   }
+  // Decode steps at the full batch alone: requests that finish early leave a tail of smaller
+  // steps, which a batch-size measurement should not average in.
+  for (const StepRecord& s : m.steps)
+    if (s.prompt_tokens == 0 && s.sequences == full_batch) full_batch_ms.push_back(s.ms());
   report["latency_ms"] = {{"ttft", to_json(summarize(m.ttft))},  {"tpot", to_json(summarize(m.tpot))},
                           {"itl", to_json(summarize(m.itl))},    {"e2e", to_json(summarize(m.e2e))},
-                          {"step", to_json(summarize(step_ms))}, {"decode_step", to_json(summarize(decode_step_ms))}};
+                          {"step", to_json(summarize(step_ms))}, {"decode_step", to_json(summarize(decode_step_ms))},
+                          {"decode_step_full_batch", to_json(summarize(full_batch_ms))}};
   int64_t prompt_tokens_computed = 0, decode_tokens = 0, sequences = 0;
   for (const StepRecord& s : m.steps)
     prompt_tokens_computed += s.prompt_tokens, decode_tokens += s.decode_tokens, sequences += s.sequences;
   report["steps"] = {{"count", static_cast<int64_t>(m.steps.size())},
                      {"decode_steps", static_cast<int64_t>(decode_step_ms.size())},
+                     {"decode_full_batch", full_batch},
                      {"prompt_tokens", prompt_tokens_computed},
                      {"decode_tokens", decode_tokens},
                      {"mean_sequences", m.steps.empty() ? 0.0 : round3(static_cast<double>(sequences) / m.steps.size())}};
   report["decode_weight_bytes"] = in.decode_weight_bytes;
+  // K and V of one token over every cached layer of every rank, as stored: what a decode step
+  // reads per context token (the KV side of a bandwidth floor).
+  report["kv_bytes_per_token"] = plan.kv_bytes_per_token_layer * (plan.model.num_layers - plan.first_cached_layer);
+  // What the measured steps ran on (rank 0): a figure is only what its path is.
+  const auto calls = [&](AttentionPath p) { return m.attention_calls[static_cast<size_t>(p)]; };
+  char digest[17];
+  std::snprintf(digest, sizeof(digest), "%016llx", static_cast<unsigned long long>(m.output_digest));
+  report["engine"] = {
+      {"attention_calls", {{"paged", calls(AttentionPath::kPagedDecode)},
+                           {"varlen", calls(AttentionPath::kVarlen)},
+                           {"per_sequence", calls(AttentionPath::kPerSequence)}}},
+      {"cached_layers", m.cached_layers},
+      {"cuda_graphs", {{"enabled", m.graphs_captured >= 0},
+                       {"captured", std::max<int64_t>(0, m.graphs_captured)},
+                       {"replayed_steps", std::max<int64_t>(0, m.graph_replays)}}},
+      {"output_digest", digest}};
   ordered_json ranks = ordered_json::array();
   for (size_t r = 0; r < in.ranks.size(); ++r) {
     const RankBreakdown& b = in.ranks[r];

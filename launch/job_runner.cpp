@@ -38,6 +38,30 @@ EngineOptions engine_options(const JobConfig& job, const JobPlan& plan) {
   return eo;
 }
 
+EngineCounters engine_counters(const ModelShard& shard, const DecodeGraphs* graphs) {
+  EngineCounters c;
+  for (const AttentionPath p : {AttentionPath::kPerSequence, AttentionPath::kVarlen, AttentionPath::kPagedDecode})
+    c.attention_calls[static_cast<size_t>(p)] = shard.attention_calls(p);
+  if (graphs != nullptr) c.graphs_captured = graphs->graphs_captured(), c.graph_replays = graphs->replays();
+  return c;
+}
+
+namespace {
+
+void log_engine_counters(const ModelShard& shard, const DecodeGraphs* graphs) {
+  const EngineCounters c = engine_counters(shard, graphs);
+  const auto calls = [&](AttentionPath p) { return static_cast<long long>(c.attention_calls[static_cast<size_t>(p)]); };
+  log_printf(LogLevel::kInfo,
+             "steps: attention layer calls paged %lld, varlen %lld, per_sequence %lld; CUDA graphs %s",
+             calls(AttentionPath::kPagedDecode), calls(AttentionPath::kVarlen), calls(AttentionPath::kPerSequence),
+             graphs == nullptr ? "off"
+                               : (std::to_string(c.graphs_captured) + " captured, " + std::to_string(c.graph_replays) +
+                                  " steps replayed")
+                                     .c_str());
+}
+
+}  // namespace
+
 JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, TraceRecorder* trace,
                    const std::function<void(CoordinatorContext&)>& coordinator) {
   set_log_rank(world.rank(), world.size());
@@ -159,8 +183,9 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
     outcome.backend = "local";
     if (trace) trace->start(world);
     LocalExecutor executor(shard, pool, trace, graphs.get());
-    CoordinatorContext ctx{job, plan, shard, executor, world};
+    CoordinatorContext ctx{job, plan, shard, executor, world, graphs.get()};
     coordinator(ctx);
+    log_engine_counters(shard, graphs.get());
     if (trace) outcome.traces = trace->gather(world);
     return outcome;
   }
@@ -174,12 +199,13 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
   else channel.start_on_first_message();
   if (world.is_coordinator()) {
     PipelineExecutor executor(shard, pool, channel, world.size(), micro_batches, graphs.get());
-    CoordinatorContext ctx{job, plan, shard, executor, world};
+    CoordinatorContext ctx{job, plan, shard, executor, world, graphs.get()};
     coordinator(ctx);
     executor.shutdown();
   } else {
     run_stage_worker(shard, pool, channel, world.rank(), world.size(), graphs.get());
   }
+  log_engine_counters(shard, graphs.get());
   channel.stop();
   channel.set_trace(nullptr);
   outcome.times = channel.gather_times();

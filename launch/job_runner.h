@@ -30,7 +30,18 @@ struct CoordinatorContext {
   const ModelShard& shard;  // stage 0 (the whole model on one rank)
   StepExecutor& executor;
   const World& world;
+  const DecodeGraphs* graphs = nullptr;  // rank 0's, when runtime.cuda_graphs made them
 };
+
+// What rank `shard`'s steps ran on: attention calls of its cached layers by path, and the
+// CUDA graphs captured and replayed (-1 when the rank has none). The bench report and kvpipe's
+// log say it, so that a measurement shows which path it measured.
+struct EngineCounters {
+  int64_t attention_calls[3] = {0, 0, 0};  // indexed by AttentionPath
+  int64_t graphs_captured = -1;
+  int64_t graph_replays = -1;
+};
+EngineCounters engine_counters(const ModelShard& shard, const DecodeGraphs* graphs);
 
 struct JobOutcome {
   std::string backend;                         // "local", "mpi" or "nccl"

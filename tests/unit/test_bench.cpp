@@ -234,7 +234,7 @@ TEST_F(BenchRun, ReportHasEveryFieldAndConsistentNumbers) {
   const json rep = report("a");
   for (const char* key : {"kvpipe", "machine", "world_size", "backend", "threads_per_rank", "oversubscribed", "config",
                           "workload", "requests", "duration_s", "throughput", "latency_ms", "steps",
-                          "decode_weight_bytes", "ranks", "kv_cache", "files"})
+                          "decode_weight_bytes", "kv_bytes_per_token", "engine", "ranks", "kv_cache", "files"})
     EXPECT_TRUE(rep.contains(key)) << key;
   for (const char* key : {"version", "git", "build_type", "compiler", "torch", "nccl", "nccl_version", "cpu_blas"})
     EXPECT_TRUE(rep["kvpipe"].contains(key)) << key;
@@ -277,10 +277,25 @@ TEST_F(BenchRun, ReportHasEveryFieldAndConsistentNumbers) {
   // Decode steps are a subset of the steps; their tokens plus the prompt tokens computed
   // make up every token computed in the measured phase.
   EXPECT_LE(lat["decode_step"]["count"].get<int64_t>(), lat["step"]["count"].get<int64_t>());
+  EXPECT_GE(lat["decode_step_full_batch"]["count"].get<int64_t>(), 1);
+  EXPECT_LE(lat["decode_step_full_batch"]["count"].get<int64_t>(), lat["decode_step"]["count"].get<int64_t>());
+  EXPECT_GE(rep["steps"]["decode_full_batch"].get<int64_t>(), 1);
+  EXPECT_LE(rep["steps"]["decode_full_batch"].get<int64_t>(), 3);
+  EXPECT_GT(rep["kv_bytes_per_token"].get<int64_t>(), 0);
   EXPECT_EQ(rep["steps"]["count"], lat["step"]["count"]);
   EXPECT_EQ(rep["steps"]["decode_tokens"], 12 * 5);
   EXPECT_EQ(rep["steps"]["prompt_tokens"].get<int64_t>() + rep["steps"]["decode_tokens"].get<int64_t>(),
             rep["kv_cache"]["computed_tokens"].get<int64_t>());
+  // What the measured steps ran on: on the CPU every cached layer of every step per sequence,
+  // no graphs; the outputs' digest is there to compare runs.
+  const json& eng = rep["engine"];
+  EXPECT_EQ(eng["cached_layers"], 4);
+  EXPECT_EQ(eng["attention_calls"]["per_sequence"].get<int64_t>(), 4 * rep["steps"]["count"].get<int64_t>());
+  EXPECT_EQ(eng["attention_calls"]["paged"], 0);
+  EXPECT_EQ(eng["attention_calls"]["varlen"], 0);
+  EXPECT_EQ(eng["cuda_graphs"]["enabled"], false);
+  EXPECT_EQ(eng["cuda_graphs"]["replayed_steps"], 0);
+  EXPECT_EQ(eng["output_digest"].get<std::string>().size(), 16u);
 
   const double duration = rep["duration_s"];
   EXPECT_GT(duration, 0);
