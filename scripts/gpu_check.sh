@@ -7,15 +7,16 @@
 #                        [--budget SECONDS]
 #
 #   --out DIR         results (default out/gpu_check): summary.md, summary.csv, tests.csv,
-#                     bench.csv and gpu_check.log (every command and its output)
+#                     bench.csv and gpu_check.log (every command and its output), at most
+#                     16 MiB each
 #   --dry-run         every step on the CPU with the tiny preset, against an already configured
 #                     build directory (kvpipe and the unit tests built if out of date, never
 #                     reconfigured or cleaned)
 #   --build-dir DIR   build directory (default build/gpu)
 #   --jobs N          build and test parallelism (default: the number of CPUs)
 #   --skip-build      use the build directory as it is
-#   --budget SECONDS  wall-clock budget of the whole run (default 540; each step is
-#                     time-boxed inside it and later steps get what is left)
+#   --budget SECONDS  wall-clock budget of the whole run (default 560, for a 600 s slot; each
+#                     step is time-boxed inside it and later steps get what is left)
 #
 # The machine needs the compiler, CMake, the CUDA toolkit (nvcc; $CUDA_HOME or
 # /usr/local/cuda, else the nvcc on PATH) and a python3 whose torch is the CUDA build kvpipe
@@ -23,32 +24,45 @@
 # may come as .deb files fetched beforehand on Debian 12 by scripts/gpu_deps.sh: they are
 # unpacked with dpkg-deb -x into .gpu_deps/root (never into /) and found from there.
 #
-# Steps, in this order; a step that fails or runs out of time is recorded and the next runs:
+# Steps, most telling first; a step that fails or runs out of time is recorded and the next runs:
 #   deps       unpack .gpu_deps/debs/*.deb (skipped when there are none)
 #   configure  cmake, Release, TORCH_CUDA_ARCH_LIST=9.0 (Ninja when present)
-#   build      the kvpipe executable, then the unit-test executable
+#   build      kvpipe and kvpipe_gpu_tests (the executable of the gpu tests alone), in one
+#              parallel build
+#   sm_90      cuobjdump --list-elf: the kvpipe binary carries sm_90 code
 #   tests      ctest -L gpu (must pass, not skip, on a GPU)
-#   a. decode  batch-1 decode tokens/s (1000 / TPOT of a 128-token generate) against the HBM
-#              floor 4.8e12 B/s / (weight bytes read per decode step, from kvpipe's log)
-#   a2.        the same with runtime.cuda_graphs: true (decode replayed from CUDA graphs)
+#   bandwidth  device-to-device copy bandwidth (a 4 GiB at::copy_ timed with CUDA events,
+#              benchmarks/peers/torch_decode.py --copy-bandwidth): every floor is stated
+#              against it and against the 4.8 TB/s datasheet figure
+#   a. decode  batch-1 decode tokens/s (kvpipe bench: 1000 / the median decode step after a
+#              warm-up request) against the floor bandwidth / weight bytes per step; its decode
+#              steps must take the paged kernel
+#   a2.        the same with runtime.cuda_graphs: true: its decode steps must replay graphs,
+#              and its greedy tokens must equal a's
+#   a3. peer   the same decode in plain PyTorch (random Llama-3-8B weights, bfloat16, static KV
+#              cache, CUDA graph; benchmarks/peers/torch_decode.py): kvpipe / PyTorch tokens/s
 #   e. bf16    an init-model folder (small preset, bfloat16) run greedy on cuda in bfloat16
 #              and on the CPU in float32: the chosen tokens' logprobs and the tokens compared
+#   b. batch   decode tokens/s at batch 1, 8, 64 with 1k and 8k contexts (kvpipe bench, distinct
+#              prompts; batch x 1000 / the median decode step at the full batch), each against
+#              its floor (weight bytes + batch x context x KV bytes per token) / bandwidth, and
+#              batch 64 / batch 1
 #   d. parity  `mpirun -np 2` (share_gpu, parallel.backend mpi) against one rank: greedy
 #              tokens and the full --logprobs-out vectors compared
 #   c. prefill tokens/s of 512- and 4096-token prompts (prompt length / TTFT, output 1 token)
-#   b. batch   decode tokens/s at batch 1, 8, 32, 64 with 1k and 8k contexts (kvpipe bench;
-#              batch x 1000 / median decode-only step), and batch 64 / batch 1
-#   unit       ctest -L unit, less the tests that need what only scripts/setup.sh fetches
-# a-d run dummy:llama3-8b (Llama-3-8B's shape, random weights) in bfloat16 on cuda.
-# The exit code is 1 when any check failed.
+#   memcheck   compute-sanitizer --tool memcheck over the GpuPagedDecode* and GpuDecodeGraphs*
+#              tests
+# a-d run dummy:llama3-8b (Llama-3-8B's shape, random weights) in bfloat16 on cuda, each kvpipe
+# with a KV pool sized to its step (8 GiB; the batch points what their contexts need). The unit
+# label is CI's: it does not run here. The exit code is 1 when any check failed.
 # shellcheck disable=SC2317  # finish, cleanup and unpack_deb run from traps and subshells
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 
 # Paths given on the command line are relative to the working directory; the defaults to the
 # checkout.
-out=$root/out/gpu_check dry_run=0 build_dir=$root/build/gpu jobs="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 2)" skip_build=0 budget=540
-usage() { sed -n '6,18p' "$0" | sed 's/^# \{0,1\}//'; }
+out=$root/out/gpu_check dry_run=0 build_dir=$root/build/gpu jobs="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 2)" skip_build=0 budget=560
+usage() { sed -n '6,19p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=$2; shift 2 ;;
@@ -110,11 +124,6 @@ bench_row() { csv_row "$bench_csv" "$@"; }
 cap() {
   local left=$((deadline - $(date +%s) - 10))
   [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
-}
-# Seconds a step capped at $2 may take now while leaving $1 seconds for the steps after it.
-cap_leaving() {
-  local left=$((deadline - $(date +%s) - 10 - $1))
-  [ "$left" -lt "$2" ] && echo "$left" || echo "$2"
 }
 # run CAP CMD...: CMD time-boxed, its output appended to the log. Returns CMD's exit code;
 # 124 when it ran out of time, 125 when no time was left to start it.
@@ -188,6 +197,12 @@ finish() {
     echo
     echo "results: $out (summary.md, summary.csv, tests.csv, bench.csv, gpu_check.log)"
   } | tee -a "$log"
+  # What comes back from the machine is bounded: a file past the limit keeps its head and tail.
+  for f in "$out"/*; do
+    [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt "$max_out_bytes" ] || continue
+    { head -c $((max_out_bytes / 2)) "$f"; printf '\n[... cut to %d bytes ...]\n' "$max_out_bytes"
+      tail -c $((max_out_bytes / 2 - 4096)) "$f"; } >"$f.cut" && mv "$f.cut" "$f"
+  done
   exit "$failed"
 }
 trap finish EXIT
@@ -203,29 +218,27 @@ if [ $dry_run = 1 ]; then
   decode_prompt=16 decode_tokens=8
   batches=(1 2) contexts=(32 64) bench_output=4 prefills=(32 64)
   parity_tokens=6 e2e_tokens=8 bench_cap=60 step_cap=60
-  unit_filter='^(LaunchDevice|PagedDecodeReference|AttentionBackend|Cpu/EngineDevices)\.' unit_name="ctest -L unit (subset)" perf_reserve=30
+  peer_args=(--device cpu --tiny --prompt 16 --tokens 8 --warmup 2)
+  # The CPU's own attention path is per sequence: the paged path's CPU reference stands in for
+  # the kernel, so that the path check of a and a2 checks something here too.
+  attention_env=(KVPIPE_ATTENTION=paged)
 else
   mode="on the GPU"
   model='{path: "dummy:llama3-8b", dtype: bfloat16}' device=cuda vocab=128256
-  cache_memory='"90%"' parity_cache=4GiB e2e_preset=small e_cpu_cache=256MiB e_dev_cache=1GiB
+  cache_memory=8GiB parity_cache=8GiB e2e_preset=small e_cpu_cache=256MiB e_dev_cache=1GiB
   decode_prompt=128 decode_tokens=128
-  batches=(1 8 32 64) contexts=(1024 8192) bench_output=64 prefills=(512 4096)
-  parity_tokens=16 e2e_tokens=32 bench_cap=75 step_cap=120
-  unit_filter='' unit_name="ctest -L unit" perf_reserve=150
+  batches=(1 8 64) contexts=(1024 8192) bench_output=64 prefills=(512 4096)
+  parity_tokens=16 e2e_tokens=32 bench_cap=90 step_cap=120
+  peer_args=(--device cuda --prompt 128 --tokens 128)
+  attention_env=()
 fi
-hbm_bytes_per_s=4.8e12       # H200 HBM3e
-floor_ratio_target=0.85      # batch-1 decode / HBM floor
+datasheet_bytes_per_s=4.8e12  # H200 HBM3e, NVIDIA's figure
+floor_ratio_target=0.85      # batch-1 decode / the floor at the measured bandwidth
 batch_ratio_target_1k=20     # decode tok/s at batch 64 / batch 1, 1k context
 batch_ratio_target_8k=4      # the same at 8k context (KV reads dominate)
 parity_tolerance=1e-3        # 2 ranks vs 1: |logprob| difference, full vocabulary
 e2e_tolerance=2e-2           # bfloat16 on cuda vs float32 on CPU: chosen tokens' |logprob| difference
-# Tests of the unit label that need what only scripts/setup.sh fetches from the internet, or
-# what a bare GPU image lacks: the SmolLM2 GGUF that setup links under models/ (SmolLm2.*,
-# LaunchValidate.*, JobBounds.ValidateChecksTextAndChatRequestsThroughTheTokenizer), Python's
-# gguf package (QuantLegacyGguf.*, BlockTypes/QuantGguf.*), gnuplot for the sweep's plots
-# (BenchSweep.TwoPointSweepEndToEnd); and this check's own dry run (gpu_check_dry_run).
-unit_exclude='^(SmolLm2\.|LaunchValidate\.|JobBounds\.ValidateChecksTextAndChatRequestsThroughTheTokenizer$'
-unit_exclude+='|QuantLegacyGguf\.|BlockTypes/QuantGguf\.|BenchSweep\.TwoPointSweepEndToEnd$|gpu_check_dry_run$)'
+max_out_bytes=$((16 << 20))  # no file of --out grows past this
 
 kvpipe="$build_dir/launch/kvpipe"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
@@ -384,8 +397,8 @@ if [ $skip_build = 1 ]; then
 elif [ $dry_run = 1 ]; then
   if [ ! -f "$build_dir/CMakeCache.txt" ]; then
     record "build" "not configured" "configured build dir" fail "$build_dir has no CMakeCache.txt (the dry run never configures)"
-  elif run 300 cmake --build "$build_dir" --target kvpipe kvpipe_unit_tests -j "$jobs"; then
-    record "build" "up to date" "" pass "cmake --build $build_dir --target kvpipe kvpipe_unit_tests"
+  elif run 300 cmake --build "$build_dir" --target kvpipe kvpipe_gpu_tests -j "$jobs"; then
+    record "build" "up to date" "" pass "cmake --build $build_dir --target kvpipe kvpipe_gpu_tests"
   else
     record "build" "failed" "" fail "$(why $? /dev/null) (see gpu_check.log)"
   fi
@@ -404,23 +417,44 @@ else
   if run 180 cmake "${cmake_args[@]}"; then
     record "configure" "ok in $(($(date +%s) - t0)) s" "" pass
     t0=$(date +%s)
-    if run 420 cmake --build "$build_dir" --target kvpipe -j "$jobs"; then
-      record "build kvpipe" "ok in $(($(date +%s) - t0)) s" "" pass
-      built_kvpipe=1
+    # One build of both targets, so that the unit tests' objects compile while kvpipe links.
+    if run 420 cmake --build "$build_dir" --target kvpipe kvpipe_gpu_tests -j "$jobs"; then
+      record "build" "ok in $(($(date +%s) - t0)) s" "" pass "kvpipe and kvpipe_gpu_tests, -j $jobs"
+      built_kvpipe=1 built_tests=1
     else
-      record "build kvpipe" "failed" "" fail "$(why $? /dev/null) (see gpu_check.log)"
-    fi
-    t0=$(date +%s)
-    if run 300 cmake --build "$build_dir" --target kvpipe_unit_tests -j "$jobs"; then
-      record "build unit tests" "ok in $(($(date +%s) - t0)) s" "" pass
-      built_tests=1
-    else
-      record "build unit tests" "failed" "" fail "$(why $? /dev/null) (see gpu_check.log)"
+      rc=$?
+      # What did link is still used: kvpipe alone makes every measurement.
+      [ -x "$build_dir/launch/kvpipe" ] && [ "$build_dir/launch/kvpipe" -nt "$log" ] && built_kvpipe=1
+      record "build" "failed" "" fail "$(why $rc /dev/null) (see gpu_check.log)$([ $built_kvpipe = 1 ] && echo '; kvpipe linked')"
     fi
   else
     record "configure" "failed" "" fail "$(why $? /dev/null): $(grep -E 'CMake Error|kvpipe:' "$log" | tail -2 | tr '\n' ' ')"
   fi
 fi
+
+# The kvpipe binary carries sm_90 code (what TORCH_CUDA_ARCH_LIST asked for) for its kernels.
+check_sm90() {
+  local name="sm_90 code in kvpipe (cuobjdump --list-elf)" bin="$build_dir/launch/kvpipe" tool elfs
+  tool=$(command -v cuobjdump || true)
+  [ -z "$tool" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/cuobjdump" ] && tool="${CUDA_HOME:-/usr/local/cuda}/bin/cuobjdump"
+  if [ ! -x "$bin" ]; then record "$name" "no kvpipe binary" "sm_90" fail; return; fi
+  if [ -z "$tool" ]; then
+    if [ $dry_run = 1 ]; then
+      local fatbin
+      fatbin=$(readelf -SW "$bin" 2>/dev/null | grep -c '\.nv_fatbin')
+      record "$name" "no cuobjdump here" "sm_90" info "dry run: $fatbin .nv_fatbin section(s) in the binary"
+    else
+      record "$name" "no cuobjdump" "sm_90" fail "the CUDA toolkit's cuobjdump is not on PATH or in \$CUDA_HOME/bin"
+    fi
+    return
+  fi
+  timeout 60 "$tool" --list-elf "$bin" >"$tmp/elf.txt" 2>&1
+  cat "$tmp/elf.txt" >>"$log"
+  elfs=$(grep -c 'sm_90' "$tmp/elf.txt")
+  if [ "$elfs" -gt 0 ]; then record "$name" "$elfs sm_90 ELF(s)" "sm_90" pass "$(grep -oE 'sm_[0-9]+a?' "$tmp/elf.txt" | sort -u | tr '\n' ' ')"
+  else record "$name" "none" "sm_90" fail "$(head -1 "$tmp/elf.txt")"; fi
+}
+check_sm90
 
 # --- tests ---------------------------------------------------------------------------------
 
@@ -523,7 +557,7 @@ have_tests=0
 if [ $have_tests = 1 ]; then
   ctest_label "ctest -L gpu" 120 -L gpu
 else
-  record "ctest -L gpu" "not run" "all pass" fail "no unit-test build"
+  record "ctest -L gpu" "not run" "all pass" fail "no gpu-test build"
 fi
 
 # --- benchmarks ----------------------------------------------------------------------------
@@ -555,53 +589,186 @@ try:
     r = json.load(open(sys.argv[1]))
 except Exception:
     sys.exit(1)
-lat = r.get("latency_ms", {})
 def g(*path):
     v = r
     for p in path:
         v = v.get(p) if isinstance(v, dict) else None
+    if isinstance(v, bool):
+        return "true" if v else "false"
     return "" if v is None else v
 print("decode_step_ms=%s" % g("latency_ms", "decode_step", "median"))
 print("decode_steps=%s" % g("latency_ms", "decode_step", "count"))
+print("full_batch_step_ms=%s" % g("latency_ms", "decode_step_full_batch", "median"))
+print("full_batch_steps=%s" % g("latency_ms", "decode_step_full_batch", "count"))
+print("full_batch=%s" % g("steps", "decode_full_batch"))
 print("tpot_ms=%s" % g("latency_ms", "tpot", "mean"))
 print("ttft_ms=%s" % g("latency_ms", "ttft", "median"))
 print("output_tok_s=%s" % g("throughput", "output_tokens_per_s"))
 print("completed=%s" % g("requests", "completed"))
 print("weight_bytes=%s" % g("decode_weight_bytes"))
+print("kv_bytes_per_token=%s" % g("kv_bytes_per_token"))
+print("cached_layers=%s" % g("engine", "cached_layers"))
+print("paged_calls=%s" % g("engine", "attention_calls", "paged"))
+print("varlen_calls=%s" % g("engine", "attention_calls", "varlen"))
+print("per_sequence_calls=%s" % g("engine", "attention_calls", "per_sequence"))
+print("graphs_enabled=%s" % g("engine", "cuda_graphs", "enabled"))
+print("graphs_captured=%s" % g("engine", "cuda_graphs", "captured"))
+print("replayed_steps=%s" % g("engine", "cuda_graphs", "replayed_steps"))
+print("output_digest=%s" % g("engine", "output_digest"))
+PY
+}
+# Fields of a one-line JSON object (the peer script's output) as KEY=VALUE lines.
+json_fields() {
+  python3 - "$1" <<'PY'
+import json, sys
+try:
+    lines = [l for l in open(sys.argv[1]) if l.strip().startswith("{")]
+    r = json.loads(lines[-1])
+except Exception:
+    sys.exit(1)
+for k, v in r.items():
+    if not isinstance(v, (list, dict)):
+        print("%s=%s" % (k, "" if v is None else v))
 PY
 }
 # get KEY FILE-OF-KEY=VALUE-LINES
 get() { sed -n "s/^$1=//p" "$2" | head -1; }
 calc() { awk "BEGIN { v = $1; if (v != v) print \"\"; else printf \"%.${2:-1}f\", v }" 2>/dev/null; }
 ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "" && a + 0 >= b + 0) }'; }
+# bytes/s as "N TB/s" (a GPU's) or "N GB/s" (a CPU's)
+bw() { if ge "$1" 1e11; then echo "$(calc "$1 / 1e12" 2) TB/s"; else echo "$(calc "$1 / 1e9" 1) GB/s"; fi; }
 # Status of a performance row: info on the CPU (targets are for the GPU), else pass/fail.
 perf_status() {
   if [ $dry_run = 1 ]; then echo info; elif ge "$1" "$2"; then echo pass; else echo fail; fi
 }
+measured_bw=""   # device copy bandwidth (bytes/s), set by step_bandwidth
+bench_env=()     # environment of the next bench_run's kvpipe
 
-# a. batch-1 decode against the HBM floor: step_a NAME [--set KEY=VALUE ...] (a2: with the
-# decode step replayed from CUDA graphs).
-step_a() {
-  local check=$1 o="$tmp/a.out" e="$tmp/a.err" tpot bytes tok floor ratio
-  shift
-  run_io "$step_cap" "$o" "$e" "$kvpipe" generate --config "$tmp/job.yaml" "$@" \
-    --prompt-ids "$(ids "$decode_prompt" "$vocab")" --max-new-tokens "$decode_tokens"
-  local rc=$?
-  tpot=$(grep -oE '"tpot_ms":[0-9.eE+-]+' "$o" | head -1 | cut -d: -f2)
-  bytes=$(grep -oE '[0-9]+ weight bytes read per decode step' "$e" | head -1 | awk '{print $1}')
-  if [ $rc != 0 ] || [ -z "$tpot" ] || [ -z "$bytes" ]; then
-    record "$check" "no result" ">= $floor_ratio_target" fail "$(why $rc "$e")"
+# The copy bandwidth every floor is stated against, beside the datasheet's.
+step_bandwidth() {
+  local name="copy bandwidth (at::copy_, read + write)" args=(--copy-bandwidth) rc
+  [ $dry_run = 1 ] && args+=(--device cpu --tiny)
+  if [ -z "$kvpython" ]; then record "$name" "no result" "" fail "no python with torch"; return; fi
+  run_io 90 "$tmp/bw.out" "$tmp/bw.err" "$kvpython" "$root/benchmarks/peers/torch_decode.py" "${args[@]}"
+  rc=$?
+  if [ $rc != 0 ] || ! json_fields "$tmp/bw.out" >"$tmp/bw.fields"; then
+    record "$name" "no result" "" fail "$(why $rc "$tmp/bw.err"); floors use the datasheet's 4.8 TB/s"
     return
   fi
-  tok=$(calc "1000 / $tpot") floor=$(calc "$hbm_bytes_per_s / $bytes") ratio=$(calc "(1000 / $tpot) / ($hbm_bytes_per_s / $bytes)" 3)
-  local label="batch 1${*:+, $*}"
-  bench_row a "$label, prompt $decode_prompt, $decode_tokens tokens" tpot_ms "$tpot"
-  bench_row a "$label" decode_tok_s "$tok"
-  bench_row a "$label" weight_bytes_per_step "$bytes"
-  bench_row a "$label" hbm_floor_tok_s "$floor"
-  bench_row a "$label" ratio "$ratio"
-  record "$check" "$ratio" ">= $floor_ratio_target" "$(perf_status "$ratio" "$floor_ratio_target")" \
-    "$tok tok/s, floor $floor tok/s ($bytes B/step at 4.8 TB/s)"
+  measured_bw=$(get bandwidth_bytes_per_s "$tmp/bw.fields")
+  bench_row bandwidth "copy $(get copy_bytes "$tmp/bw.fields") B x $(get repeats "$tmp/bw.fields")" bytes_per_s "$measured_bw"
+  record "$name" "$(bw "$measured_bw")" "" info \
+    "$(calc "100 * $measured_bw / $datasheet_bytes_per_s" 0)% of the 4.8 TB/s datasheet figure; every floor below is stated against both"
+}
+
+# a. batch-1 decode against the floor: step_a CHECK KEY [SETTING ...] (a2: the decode step
+# replayed from CUDA graphs). One measured request after a warm-up one (which captures the
+# graph); tok/s = 1000 / the median decode step.
+step_a() {
+  local check=$1 key=$2 f step steps bytes tok floor_m floor_d ratio_m ratio_d ratio
+  shift 2
+  bench_env=("${attention_env[@]}")
+  if ! bench_run "$key" "$step_cap" workload.requests=1 workload.warmup=1 workload.concurrency=1 \
+       "workload.prompt_len=$decode_prompt" "workload.output_len=$decode_tokens" workload.shared_prefix=0.0 \
+       scheduler.max_batch=1 "cache.memory=$cache_memory" "$@"; then
+    bench_env=()
+    record "$check" "no result" ">= $floor_ratio_target" fail "$(cat "$tmp/$key.why")"
+    return 1
+  fi
+  bench_env=()
+  f="$tmp/$key.fields"
+  step=$(get decode_step_ms "$f") steps=$(get decode_steps "$f") bytes=$(get weight_bytes "$f")
+  if [ -z "$step" ] || [ "${steps:-0}" = 0 ] || [ -z "$bytes" ]; then
+    record "$check" "no result" ">= $floor_ratio_target" fail "no decode steps or weight bytes in report.json"
+    return 1
+  fi
+  tok=$(calc "1000 / $step") floor_d=$(calc "$datasheet_bytes_per_s / $bytes") ratio_d=$(calc "(1000 / $step) / ($datasheet_bytes_per_s / $bytes)" 3)
+  local note="$tok tok/s (median of $steps decode steps: $step ms)"
+  if [ -n "$measured_bw" ]; then
+    floor_m=$(calc "$measured_bw / $bytes") ratio_m=$(calc "(1000 / $step) / ($measured_bw / $bytes)" 3) ratio=$ratio_m
+    note+="; floor $floor_m tok/s at the measured $(bw "$measured_bw"), ratio $ratio_m"
+    bench_row a "$key" floor_ratio_measured_bw "$ratio_m"
+  else
+    ratio=$ratio_d
+    note+="; no measured bandwidth"
+  fi
+  note+="; $floor_d tok/s at 4.8 TB/s, ratio $ratio_d ($bytes B/step)"
+  bench_row a "$key, prompt $decode_prompt, $decode_tokens tokens" decode_step_median_ms "$step"
+  bench_row a "$key" decode_tok_s "$tok"
+  bench_row a "$key" weight_bytes_per_step "$bytes"
+  bench_row a "$key" floor_ratio_datasheet "$ratio_d"
+  echo "$tok" >"$tmp/$key.tok"
+  record "$check" "$ratio" ">= $floor_ratio_target" "$(perf_status "$ratio" "$floor_ratio_target")" "$note"
+}
+
+# Which path a's and a2's measured decode steps took: every cached layer of every decode step
+# on the paged kernel (a), every decode step replayed from a graph (a2, on a GPU).
+check_paths() {
+  local fa="$tmp/a.fields" fg="$tmp/a2.fields" name steps layers paged want
+  name="a. decode steps on the paged kernel"
+  if [ -s "$fa" ]; then
+    steps=$(get decode_steps "$fa") layers=$(get cached_layers "$fa") paged=$(get paged_calls "$fa")
+    want=$((${steps:-0} * ${layers:-0}))
+    logln "a: attention layer calls paged $paged, varlen $(get varlen_calls "$fa"), per_sequence $(get per_sequence_calls "$fa"); $steps decode steps x $layers layers"
+    if [ "$want" -gt 0 ] && [ "$paged" = "$want" ]; then
+      record "$name" "$paged of $want layer calls" "all" pass "$([ $dry_run = 1 ] && echo 'the CPU reference of the kernel (KVPIPE_ATTENTION=paged)')"
+    else
+      record "$name" "${paged:-?} of $want layer calls" "all" fail "varlen $(get varlen_calls "$fa"), per_sequence $(get per_sequence_calls "$fa")"
+    fi
+  else
+    record "$name" "no result" "all" fail "a did not run"
+  fi
+  name="a2. decode steps replayed from CUDA graphs"
+  if [ ! -s "$fg" ]; then record "$name" "no result" "all" fail "a2 did not run"; return; fi
+  steps=$(get decode_steps "$fg")
+  logln "a2: graphs enabled $(get graphs_enabled "$fg"), $(get graphs_captured "$fg") captured, $(get replayed_steps "$fg") of $steps decode steps replayed"
+  if [ "$(get graphs_enabled "$fg")" = true ]; then
+    if [ "${steps:-0}" -gt 0 ] && [ "$(get replayed_steps "$fg")" = "$steps" ]; then
+      record "$name" "$steps of $steps" "all" pass "$(get graphs_captured "$fg") graph(s) captured (each holds the paged kernel)"
+    else
+      record "$name" "$(get replayed_steps "$fg") of ${steps:-?}" "all" fail "$(get graphs_captured "$fg") graph(s) captured"
+    fi
+  elif [ $dry_run = 1 ]; then
+    # runtime.cuda_graphs makes no graphs on the CPU: there is nothing to replay, said as such.
+    paged=$(get paged_calls "$fg") want=$((${steps:-0} * $(get cached_layers "$fg")))
+    local st=info
+    [ "$paged" = "$want" ] && [ "$want" -gt 0 ] || st=fail
+    record "$name" "n/a on the CPU (no graphs)" "all" "$st" "eager steps instead: paged reference $paged of $want layer calls"
+  else
+    record "$name" "none: no graphs made" "all" fail "runtime.cuda_graphs: true made no DecodeGraphs"
+  fi
+}
+
+# a's and a2's greedy tokens (report.json's digest of every measured request's output): graphs
+# must compute what eager launches compute.
+check_outputs() {
+  local name="a2. greedy tokens, graphs = eager (a)" da db
+  da=$(get output_digest "$tmp/a.fields" 2>/dev/null) db=$(get output_digest "$tmp/a2.fields" 2>/dev/null)
+  if [ -z "$da" ] || [ -z "$db" ]; then record "$name" "no result" "equal" fail "a or a2 has no output digest"
+  elif [ "$da" = "$db" ]; then record "$name" "equal" "equal" pass "$decode_tokens tokens, digest $da"
+  else record "$name" "differ" "equal" fail "digests $da (a) and $db (a2)"; fi
+}
+
+# a3. The same batch-1 decode in plain PyTorch, in the same run: kvpipe / PyTorch tokens/s.
+step_peer() {
+  local name="a3. kvpipe / PyTorch, batch-1 decode tok/s" f="$tmp/peer.fields" rc tok step bytes ta ta2 note
+  if [ -z "$kvpython" ]; then record "$name" "no result" "" fail "no python with torch"; return; fi
+  run_io "$step_cap" "$tmp/peer.out" "$tmp/peer.err" "$kvpython" "$root/benchmarks/peers/torch_decode.py" "${peer_args[@]}"
+  rc=$?
+  if [ $rc != 0 ] || ! json_fields "$tmp/peer.out" >"$f"; then record "$name" "no result" "" fail "PyTorch: $(why $rc "$tmp/peer.err")"; return; fi
+  tok=$(get decode_tok_s "$f") step=$(get decode_step_ms_median "$f") bytes=$(get weight_bytes_per_step "$f")
+  if [ -z "$tok" ]; then record "$name" "no result" "" fail "PyTorch timed no decode step"; return; fi
+  bench_row peer "pytorch, graphs $(get cuda_graphs "$f")" decode_step_median_ms "$step"
+  bench_row peer "pytorch" decode_tok_s "$tok"
+  ta=$(cat "$tmp/a.tok" 2>/dev/null) ta2=$(cat "$tmp/a2.tok" 2>/dev/null)
+  note="PyTorch $(calc "$tok") tok/s (median step $(calc "$step" 3) ms, CUDA graph $(get cuda_graphs "$f"))"
+  if [ -n "$measured_bw" ] && [ -n "$bytes" ]; then note+=", $(calc "$tok / ($measured_bw / $bytes)" 3) of its floor at the measured bandwidth"; fi
+  [ -n "$bytes" ] && note+=", $(calc "$tok / ($datasheet_bytes_per_s / $bytes)" 3) at 4.8 TB/s"
+  local value=""
+  [ -n "$ta2" ] && value="graphs $(calc "$ta2 / $tok" 2)" && bench_row peer "a2 / pytorch" ratio "$(calc "$ta2 / $tok" 3)"
+  [ -n "$ta" ] && value+="${value:+, }eager $(calc "$ta / $tok" 2)" && bench_row peer "a / pytorch" ratio "$(calc "$ta / $tok" 3)"
+  if [ -z "$value" ]; then record "$name" "no kvpipe figure" "" fail "$note"
+  else record "$name" "$value" "" info "$note"; fi
 }
 
 # Compares two --logprobs-out files of one request, step by step while the tokens agree.
@@ -717,13 +884,15 @@ step_d() {
     "whole vocabulary, every step"
 }
 
-# One kvpipe bench run: bench_run NAME CAP SETTINGS... -> $tmp/NAME.fields (KEY=VALUE lines).
+# One kvpipe bench run: bench_run NAME CAP SETTINGS... -> $tmp/NAME.fields (KEY=VALUE lines),
+# with $bench_env in its environment.
 bench_run() {
   local name=$1 c=$2 d="$tmp/bench-$1"
   shift 2
   local sets=() s
   for s in "$@"; do sets+=(--set "$s"); done
-  run_io "$c" "$tmp/$name.out" "$tmp/$name.err" "$kvpipe" bench --config "$tmp/job.yaml" --out "$d" "${sets[@]}"
+  run_io "$c" "$tmp/$name.out" "$tmp/$name.err" env "${bench_env[@]}" "$kvpipe" bench --config "$tmp/job.yaml" \
+    --out "$d" "${sets[@]}"
   local rc=$?
   if [ $rc != 0 ]; then why $rc "$tmp/$name.err" >"$tmp/$name.why"; return 1; fi
   report_fields "$d/report.json" >"$tmp/$name.fields" || { echo "no report.json" >"$tmp/$name.why"; return 1; }
@@ -736,7 +905,8 @@ step_c() {
   for p in "${prefills[@]}"; do
     name="c. prefill $p-token prompt"
     if ! bench_run "prefill$p" "$bench_cap" workload.requests=2 workload.warmup=1 workload.concurrency=1 \
-         "workload.prompt_len=$p" workload.output_len=1 workload.shared_prefix=0.0 scheduler.max_batch=1; then
+         "workload.prompt_len=$p" workload.output_len=1 workload.shared_prefix=0.0 scheduler.max_batch=1 \
+         "cache.memory=$cache_memory"; then
       record "$name" "no result" "" fail "$(cat "$tmp/prefill$p.why")"
       continue
     fi
@@ -749,51 +919,81 @@ step_c() {
   done
 }
 
-# b. decode throughput against the batch. The prompts share 99% of their tokens: the warm-up
-# request computes that prefix once, the measured requests find it in the prefix cache, so they
-# reach their full context after a short prefill and decode together for nearly all of their
-# output; decode tok/s = batch x 1000 / median decode-only step.
+# The KV pool of one b point on the GPU: what its batch of contexts holds, 15% spare, 8 GiB at
+# least (a pool of the whole GPU would be zero-filled in every run for nothing).
+b_cache() {
+  local b=$1 ctx=$2 per_token=$3
+  [ $dry_run = 1 ] && { echo "$cache_memory"; return; }
+  awk -v b="$b" -v c="$ctx" -v t="$per_token" 'BEGIN { g = int(b * (c + 32) * t * 1.15 / 2^30) + 2; if (g < 8) g = 8; printf "%dGiB", g }'
+}
+
+# b. decode throughput against the batch. Every request has a prompt of its own (distinct
+# blocks: the KV reads come from HBM, not from a shared prefix in L2); all arrive together and
+# prefill in steps of up to 16k tokens, then decode together. decode tok/s = batch x 1000 / the
+# median decode-only step at the full batch (steps after the first requests finish are left
+# out); each point's floor is (weight bytes + batch x context x KV bytes per token) / bandwidth.
 step_b() {
-  local ctx b name values tok1 tok ratio target label
+  local ctx b name values tok1 tok ratio target label floors_m floors_d per_token
+  per_token=$(get kv_bytes_per_token "$tmp/a.fields" 2>/dev/null)
+  [ -z "$per_token" ] && per_token=131072   # Llama-3-8B in bfloat16: 2 x 32 layers x 8 heads x 128 x 2 B
   for ctx in "${contexts[@]}"; do
-    values="" tok1="" tok=""
+    values="" tok1="" tok="" floors_m="" floors_d=""
     label=$ctx
     [ "$ctx" -ge 1024 ] && label="$((ctx / 1024))k"
     for b in "${batches[@]}"; do
       name="b${b}_c${ctx}"
-      if ! bench_run "$name" "$bench_cap" "workload.requests=$b" "workload.concurrency=$b" workload.warmup=1 \
+      # The largest point prefills half a million tokens before it decodes.
+      local c=$bench_cap
+      [ $dry_run = 0 ] && [ $((b * ctx)) -gt 131072 ] && c=$((bench_cap + 60))
+      if ! bench_run "$name" "$c" "workload.requests=$b" "workload.concurrency=$b" workload.warmup=1 \
            "workload.prompt_len=$((ctx - bench_output))" "workload.output_len=$bench_output" \
-           workload.shared_prefix=0.99 "scheduler.max_batch=$b"; then
-        values+="${values:+ / }fail"
+           workload.shared_prefix=0.0 "scheduler.max_batch=$b" scheduler.max_tokens_per_step=16384 \
+           "cache.memory=$(b_cache "$b" "$ctx" "$per_token")"; then
+        values+="${values:+ / }fail" floors_m+="${floors_m:+ / }-" floors_d+="${floors_d:+ / }-"
         bench_row b "batch $b, context $ctx" error "$(cat "$tmp/$name.why")"
         [ -z "${b_error:-}" ] && b_error="batch $b: $(cat "$tmp/$name.why")"
         continue
       fi
-      local f="$tmp/$name.fields" step steps tpot
-      step=$(get decode_step_ms "$f") steps=$(get decode_steps "$f") tpot=$(get tpot_ms "$f")
-      if [ -n "$step" ] && [ "${steps:-0}" -gt 0 ]; then tok=$(calc "$b * 1000 / $step")
-      else tok=$(calc "$b * 1000 / $tpot"); fi
+      local f="$tmp/$name.fields" step steps full bytes kvt floor_bytes
+      step=$(get full_batch_step_ms "$f") steps=$(get full_batch_steps "$f") full=$(get full_batch "$f")
+      bytes=$(get weight_bytes "$f") kvt=$(get kv_bytes_per_token "$f")
+      tok=""
+      [ -n "$step" ] && [ "${steps:-0}" -gt 0 ] && tok=$(calc "$full * 1000 / $step")
       [ "$b" = "${batches[0]}" ] && tok1=$tok
       values+="${values:+ / }${tok:-?}"
-      bench_row b "batch $b, context $ctx" decode_step_median_ms "$step"
-      bench_row b "batch $b, context $ctx" decode_steps "$steps"
-      bench_row b "batch $b, context $ctx" tpot_mean_ms "$tpot"
-      bench_row b "batch $b, context $ctx" output_tok_s "$(get output_tok_s "$f")"
+      floor_bytes=$(calc "${bytes:-0} + $b * $ctx * ${kvt:-0}" 0)
+      local fm="-" fd="-"
+      if [ -n "$tok" ] && [ -n "$bytes" ]; then
+        fd=$(calc "$tok / ($b * $datasheet_bytes_per_s / $floor_bytes)" 2)
+        [ -n "$measured_bw" ] && fm=$(calc "$tok / ($b * $measured_bw / $floor_bytes)" 2)
+      fi
+      floors_m+="${floors_m:+ / }$fm" floors_d+="${floors_d:+ / }$fd"
+      bench_row b "batch $b, context $ctx" decode_step_full_batch_median_ms "$step"
+      bench_row b "batch $b, context $ctx" full_batch "$full"
+      bench_row b "batch $b, context $ctx" full_batch_steps "$steps"
+      bench_row b "batch $b, context $ctx" decode_step_median_ms "$(get decode_step_ms "$f")"
       bench_row b "batch $b, context $ctx" decode_tok_s "$tok"
+      bench_row b "batch $b, context $ctx" floor_bytes_per_step "$floor_bytes"
+      bench_row b "batch $b, context $ctx" floor_ratio_measured_bw "$fm"
+      bench_row b "batch $b, context $ctx" floor_ratio_datasheet "$fd"
+      [ "$full" != "$b" ] && b_note="${b_note:-}batch $b decoded at most $full together; "
     done
     local bl
     bl=$(IFS=/; echo "${batches[*]}")
-    if [[ $values == *fail* ]]; then
-      record "b. decode tok/s, $label context, batch $bl" "$values" "" fail "${b_error:-}"
+    local note bw_text="?"
+    [ -n "$measured_bw" ] && bw_text=$(bw "$measured_bw")
+    note="${b_note:-}of the floor: $floors_m at the measured $bw_text, $floors_d at 4.8 TB/s"
+    if [[ $values == *fail* ]] || [[ $values == *\?* ]]; then
+      record "b. decode tok/s, $label context, batch $bl" "$values" "" fail "${b_error:-no decode step at the full batch}; $note"
     else
-      record "b. decode tok/s, $label context, batch $bl" "$values" "" info
+      record "b. decode tok/s, $label context, batch $bl" "$values" "" info "$note"
     fi
-    b_error=""
+    b_error="" b_note=""
     target=$batch_ratio_target_1k
     [ "$ctx" -gt 4096 ] && target=$batch_ratio_target_8k
     local last=${batches[${#batches[@]} - 1]}
     name="b. batch $last / batch ${batches[0]}, $label context"
-    if [ -n "$tok1" ] && [ -n "$tok" ] && [[ $values != *fail* ]]; then
+    if [ -n "$tok1" ] && [ -n "$tok" ] && [[ $values != *fail* ]] && [[ $values != *\?* ]]; then
       ratio=$(calc "$tok / $tok1" 2)
       bench_row b "context $ctx" "ratio_b${last}_b${batches[0]}" "$ratio"
       record "$name" "$ratio" ">= $target" "$(perf_status "$ratio" "$target")"
@@ -803,34 +1003,55 @@ step_b() {
   done
 }
 
+# memcheck: the paged decode kernel and the graphs under compute-sanitizer.
+step_memcheck() {
+  local name="memcheck (compute-sanitizer): GpuPagedDecode*, GpuDecodeGraphs*" tool bin rc errors passed skipped
+  local filter='GpuPagedDecode*:GpuDecodeGraphs*'
+  bin="$build_dir/tests/kvpipe_gpu_tests"
+  tool=$(command -v compute-sanitizer || true)
+  [ -z "$tool" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" ] && tool="${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer"
+  if [ ! -x "$bin" ]; then record "$name" "not run" "0 errors" fail "no kvpipe_gpu_tests executable"; return; fi
+  if [ $dry_run = 1 ]; then
+    # No GPU: the tests skip. They are run bare, to check that the filter names tests.
+    run_io 60 "$tmp/memcheck.out" "$tmp/memcheck.err" "$bin" --gtest_filter="$filter"
+    rc=$?
+    skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests\{0,1\}.*/\1/p' "$tmp/memcheck.out" | head -1)
+    local st=info
+    [ $rc = 0 ] && [ "${skipped:-0}" -gt 0 ] || st=fail
+    record "$name" "n/a on the CPU" "0 errors" "$st" "${skipped:-0} tests skipped without a GPU; compute-sanitizer $([ -n "$tool" ] && echo "at $tool" || echo 'not installed here')"
+    return
+  fi
+  if [ -z "$tool" ]; then record "$name" "not run" "0 errors" fail "no compute-sanitizer on PATH or in \$CUDA_HOME/bin"; return; fi
+  run_io 150 "$tmp/memcheck.out" "$tmp/memcheck.err" "$tool" --tool memcheck --error-exitcode 3 "$bin" --gtest_filter="$filter"
+  rc=$?
+  errors=$(cat "$tmp/memcheck.out" "$tmp/memcheck.err" | sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' | tail -1)
+  passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\{0,1\}.*/\1/p' "$tmp/memcheck.out" | head -1)
+  skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests\{0,1\}.*/\1/p' "$tmp/memcheck.out" | head -1)
+  if [ $rc = 0 ] && [ "${errors:-x}" = 0 ] && [ "${passed:-0}" -gt 0 ] && [ "${skipped:-0}" = 0 ]; then
+    record "$name" "0 errors, $passed tests passed" "0 errors" pass
+  else
+    record "$name" "${errors:-?} errors, ${passed:-0} passed, ${skipped:-0} skipped" "0 errors" fail "$(why $rc "$tmp/memcheck.err")"
+  fi
+}
+
 if [ $have_kvpipe = 1 ]; then
-  say "--- a. batch-1 decode"; step_a "a. batch-1 decode / HBM floor"
+  say "--- bandwidth"; step_bandwidth
+  say "--- a. batch-1 decode"; step_a "a. batch-1 decode / floor" a
   # CUDA graphs are off by default until this row says they pay (on the CPU the key is ignored).
   say "--- a2. batch-1 decode, CUDA graphs"
-  step_a "a2. batch-1 decode with CUDA graphs / HBM floor" --set runtime.cuda_graphs=true
-fi
-# The unit tests run beside e and d, which check results, not speed; c and b, which
-# measure, start once they are done.
-if [ $have_tests = 1 ]; then
-  if [ $dry_run = 1 ]; then
-    ctest_start "$unit_name" "$(cap_leaving "$perf_reserve" 90)" -L unit -R "$unit_filter" -E "$unit_exclude"
-  else
-    ctest_start "$unit_name" "$(cap_leaving "$perf_reserve" 240)" -L unit -E "$unit_exclude"
-  fi
-fi
-if [ $have_kvpipe = 1 ]; then
+  step_a "a2. batch-1 decode with CUDA graphs / floor" a2 runtime.cuda_graphs=true
+  check_paths
+  check_outputs
+  say "--- a3. PyTorch peer"; step_peer
   say "--- e. bf16 vs f32"; step_e
-  say "--- d. pipeline parity"; step_d
-fi
-if [ $have_tests = 1 ]; then ctest_finish "$unit_name"
-else record "$unit_name" "not run" "all pass" fail "no unit-test build"; fi
-if [ $have_kvpipe = 1 ]; then
-  say "--- c. prefill"; step_c
   say "--- b. decode vs batch"; step_b
+  say "--- d. pipeline parity"; step_d
+  say "--- c. prefill"; step_c
 else
-  for n in "a. batch-1 decode / HBM floor" "a2. batch-1 decode with CUDA graphs / HBM floor" "e. bf16 vs f32" "d. 2-rank pipeline parity (mpirun -np 2)" "c. prefill" "b. decode vs batch"; do
+  for n in "a. batch-1 decode / floor" "a2. batch-1 decode with CUDA graphs / floor" "a3. kvpipe / PyTorch" "e. bf16 vs f32" "b. decode vs batch" "d. 2-rank pipeline parity (mpirun -np 2)" "c. prefill"; do
     record "$n" "not run" "" fail "no kvpipe executable"
   done
 fi
+say "--- memcheck"; step_memcheck
 
 exit 0
