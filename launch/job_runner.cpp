@@ -51,7 +51,7 @@ namespace {
 void log_engine_counters(const ModelShard& shard, const DecodeGraphs* graphs) {
   const EngineCounters c = engine_counters(shard, graphs);
   const auto calls = [&](AttentionPath p) { return static_cast<long long>(c.attention_calls[static_cast<size_t>(p)]); };
-  log_printf(LogLevel::kInfo,
+  log_printf(LogLevel::kDebug,
              "steps: attention layer calls paged %lld, varlen %lld, per_sequence %lld; CUDA graphs %s",
              calls(AttentionPath::kPagedDecode), calls(AttentionPath::kVarlen), calls(AttentionPath::kPerSequence),
              graphs == nullptr ? "off"

@@ -34,8 +34,9 @@ struct CoordinatorContext {
 };
 
 // What rank `shard`'s steps ran on: attention calls of its cached layers by path, and the
-// CUDA graphs captured and replayed (-1 when the rank has none). The bench report and kvpipe's
-// log say it, so that a measurement shows which path it measured.
+// CUDA graphs captured and replayed (-1 when the rank has none). The bench report (and, at
+// --log-level debug, every rank's log at the job's end) say it, so that a measurement shows
+// which path it measured.
 struct EngineCounters {
   int64_t attention_calls[3] = {0, 0, 0};  // indexed by AttentionPath
   int64_t graphs_captured = -1;
