@@ -5,7 +5,7 @@
 // timings. It owns no weights and no cache memory: those belong to the executor's stages.
 #pragma once
 
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 #include "engine/model_shard.h"
 #include "engine/scheduler.h"
 #include "engine/step_batch.h"

@@ -1,6 +1,6 @@
 #include "engine/layers.h"
 
-#include "engine/weight_matrix.h"
+#include "engine/model/weight_matrix.h"
 #include "engine/kernels/cpu/blas_gemm.h"
 
 #include <ATen/ATen.h>

@@ -3,7 +3,7 @@
 // Each function follows the HF reference implementation (RMSNorm in the input dtype with
 // float32 statistics, RoPE in the rotate-half convention, SwiGLU) and is checked against an
 // independent float64 computation in the tests. `dense` on the CPU is WeightMatrix::matmul
-// (engine/weight_matrix.h): kvpipe's kernels for decode's few rows, the faster of those and
+// (engine/model/weight_matrix.h): kvpipe's kernels for decode's few rows, the faster of those and
 // BLAS for prefill's many.
 #pragma once
 

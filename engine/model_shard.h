@@ -17,7 +17,7 @@
 #include "cache/block_pool.h"
 #include "engine/attention_backend.h"
 #include "engine/layers.h"
-#include "engine/model_weights.h"
+#include "engine/model/model_weights.h"
 #include "engine/step_batch.h"
 
 #include <ATen/Tensor.h>

@@ -2,7 +2,7 @@
 
 #include "engine/engine.h"
 #include "engine/model_shard.h"
-#include "engine/model_weights.h"
+#include "engine/model/model_weights.h"
 #include "launch/job_config.h"
 #include "launch/job_plan.h"
 #include "launch/job_runner.h"

@@ -1,8 +1,8 @@
 #include "launch/init_model.h"
 
-#include "engine/gguf.h"
-#include "engine/model_weights.h"
-#include "engine/safetensors.h"
+#include "engine/model/gguf.h"
+#include "engine/model/model_weights.h"
+#include "engine/model/safetensors.h"
 #include "engine/text/tokenizer_builder.h"
 #include "launch/output.h"
 
@@ -32,6 +32,11 @@ void check_written_json(const std::string& path) {
 }
 
 }  // namespace
+
+void write_gguf_model(const std::string& path, const ModelConfig& cfg,
+                      const std::vector<std::pair<std::string, at::Tensor>>& hf_tensors, at::ScalarType dtype) {
+  write_gguf_file(path, cfg, hf_tensors, dtype, [&](GgufWriter& w) { add_gguf_vocabulary(w, cfg); });
+}
 
 void init_model(const InitModelOptions& o) {
   if (o.out.empty()) throw std::invalid_argument("--out: a path is required");

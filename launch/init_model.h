@@ -7,9 +7,13 @@
 // vocabulary holds at least its 259 base tokens.
 #pragma once
 
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
+
+#include <ATen/Tensor.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kvpipe {
 
@@ -24,5 +28,12 @@ struct InitModelOptions {
 
 // Throws std::invalid_argument on bad options or an unwritable path.
 void init_model(const InitModelOptions& options);
+
+// The GGUF file init-model writes for HF-named float tensors (hf_tensor_layout order):
+// write_gguf_file (engine/model/gguf.h) with init-model's vocabulary (add_gguf_vocabulary,
+// engine/text/tokenizer_builder.h), so that llama.cpp loads it and, from 259 tokens up,
+// tokenizes text as the HF layout's tokenizer.json does.
+void write_gguf_model(const std::string& path, const ModelConfig& cfg,
+                      const std::vector<std::pair<std::string, at::Tensor>>& hf_tensors, at::ScalarType dtype);
 
 }  // namespace kvpipe

@@ -1,6 +1,6 @@
 #include "launch/job_plan.h"
 
-#include "engine/model_weights.h"
+#include "engine/model/model_weights.h"
 #include "launch/device_plan.h"
 #include "launch/model_text.h"
 #include "parallel/communicator.h"

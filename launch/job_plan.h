@@ -10,8 +10,8 @@
 #pragma once
 
 #include "cache/block_pool.h"
-#include "engine/model_config.h"
-#include "engine/model_weights.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_weights.h"
 #include "launch/job_config.h"
 #include "parallel/partitioner.h"
 

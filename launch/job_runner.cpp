@@ -6,7 +6,7 @@
 #include "engine/kernels/cpu/blas_gemm.h"
 #include "engine/kernels/cpu/quant_types.h"
 #include "engine/kernels/cpu/thread_pool.h"
-#include "engine/model_weights.h"
+#include "engine/model/model_weights.h"
 #include "engine/pipeline_executor.h"
 #include "launch/device_plan.h"
 #include "launch/log.h"

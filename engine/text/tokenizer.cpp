@@ -1,6 +1,6 @@
 #include "engine/text/tokenizer.h"
 
-#include "engine/gguf.h"
+#include "engine/model/gguf.h"
 #include "engine/text/tokenizer_gguf.h"
 #include "engine/text/tokenizer_json.h"
 

@@ -1,5 +1,6 @@
 #include "engine/text/tokenizer_builder.h"
 
+#include "engine/model/gguf.h"
 #include "engine/text/pre_tokenizer.h"
 #include "engine/text/unicode_text.h"
 
@@ -177,6 +178,54 @@ void write_hf_tokenizer(const ByteLevelVocab& v, const std::string& dir) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out << j->dump(2, ' ', false) << "\n";
     if (!out) throw std::invalid_argument(path + ": cannot write: " + std::strerror(errno));
+  }
+}
+
+void add_gguf_vocabulary(GgufWriter& writer, const ModelConfig& cfg) {
+  if (cfg.vocab_size >= kMinByteLevelVocab) {
+    // The vocabulary init-model gives HF models too (write_hf_tokenizer), so both formats
+    // made with the same flags tokenize alike.
+    const ByteLevelVocab v = build_byte_level_vocab(cfg.vocab_size, cfg.bos_token_id, cfg.eos_token_ids);
+    writer.add_string("tokenizer.ggml.model", "gpt2");
+    writer.add_string("tokenizer.ggml.pre", "gpt-2");
+    writer.add_string_array("tokenizer.ggml.tokens", v.tokens);
+    writer.add_i32_array("tokenizer.ggml.token_type", v.types);
+    writer.add_string_array("tokenizer.ggml.merges", v.merges);
+    if (v.bos_id >= 0) writer.add_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(v.bos_id));
+    if (!v.eos_ids.empty()) writer.add_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(v.eos_ids.front()));
+    if (v.unk_id >= 0) writer.add_u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(v.unk_id));
+    writer.add_bool("tokenizer.ggml.add_bos_token", false);
+    writer.add_bool("tokenizer.ggml.add_eos_token", false);
+    if (!v.chat_template.empty()) writer.add_string("tokenizer.chat_template", v.chat_template);
+  } else {
+    // Too small for the 256 byte-level characters: a SentencePiece-shaped placeholder
+    // (<unk>, <s>, </s>, then placeholders) that llama.cpp loads; prompts to such a model are
+    // token ids, so only its size and special ids matter, but llama.cpp looks tokens up by
+    // text and wants them unique.
+    std::vector<std::string> tokens;
+    std::vector<float> scores;
+    std::vector<int32_t> types;  // llama_token_type: 1 normal, 2 unknown, 3 control
+    for (int64_t i = 0; i < cfg.vocab_size; ++i) {
+      std::string text;
+      int32_t type = 1;
+      if (i == 0) text = "<unk>", type = 2;
+      else if (i == cfg.bos_token_id) text = "<s>", type = 3;
+      else if (std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), i) != cfg.eos_token_ids.end())
+        text = "</s>" + (i == cfg.eos_token_ids.front() ? std::string() : std::to_string(i)), type = 3;
+      else text = "tok" + std::to_string(i);
+      tokens.push_back(text);
+      scores.push_back(type == 1 ? -static_cast<float>(i) : 0.0f);
+      types.push_back(type);
+    }
+    writer.add_string("tokenizer.ggml.model", "llama");
+    writer.add_string_array("tokenizer.ggml.tokens", tokens);
+    writer.add_f32_array("tokenizer.ggml.scores", scores);
+    writer.add_i32_array("tokenizer.ggml.token_type", types);
+    if (cfg.bos_token_id >= 0) writer.add_u32("tokenizer.ggml.bos_token_id", cfg.bos_token_id);
+    if (!cfg.eos_token_ids.empty()) writer.add_u32("tokenizer.ggml.eos_token_id", cfg.eos_token_ids.front());
+    writer.add_u32("tokenizer.ggml.unknown_token_id", 0);
+    writer.add_bool("tokenizer.ggml.add_bos_token", false);
+    writer.add_bool("tokenizer.ggml.add_eos_token", false);
   }
 }
 

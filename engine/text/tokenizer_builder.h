@@ -17,6 +17,9 @@
 
 namespace kvpipe {
 
+class GgufWriter;
+struct ModelConfig;
+
 struct ByteLevelVocab {
   std::vector<std::string> tokens;  // id -> text (byte-level characters for normal tokens)
   std::vector<int32_t> types;       // llama.cpp token types: 1 normal, 2 unknown, 3 control
@@ -34,5 +37,11 @@ ByteLevelVocab build_byte_level_vocab(int64_t vocab_size, int64_t bos_id, const 
 
 // Writes DIR/tokenizer.json and DIR/tokenizer_config.json for `vocab`.
 void write_hf_tokenizer(const ByteLevelVocab& vocab, const std::string& dir);
+
+// Adds the tokenizer.* keys of a GGUF file init-model writes for `cfg`: the byte-level
+// vocabulary above (GGUF model gpt2, pre "gpt-2"), or below its minimum size a
+// SentencePiece-shaped placeholder (<unk>, <s>, </s>, then unique placeholders) that
+// llama.cpp loads; prompts to such a model are token ids.
+void add_gguf_vocabulary(GgufWriter& writer, const ModelConfig& cfg);
 
 }  // namespace kvpipe

@@ -1,6 +1,6 @@
 #include "engine/text/tokenizer_gguf.h"
 
-#include "engine/gguf.h"
+#include "engine/model/gguf.h"
 #include "engine/text/bpe_model.h"
 #include "engine/text/pre_tokenizer.h"
 #include "engine/text/spm_model.h"

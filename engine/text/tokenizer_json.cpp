@@ -1,7 +1,7 @@
 #include "engine/text/tokenizer_json.h"
 
-#include "engine/mapped_file.h"
-#include "engine/model_config.h"
+#include "engine/model/mapped_file.h"
+#include "engine/model/model_config.h"
 
 #include "engine/text/bpe_model.h"
 #include "engine/text/pre_tokenizer.h"

@@ -2,7 +2,7 @@
 // then what a rank does with a file that passed: the model config, every tensor (as float32
 // and in its stored type) and the vocabulary (tokenizer.ggml.*), which encodes and decodes a
 // fixed text.
-#include "engine/gguf.h"
+#include "engine/model/gguf.h"
 #include "engine/text/tokenizer.h"
 #include "engine/text/tokenizer_gguf.h"
 #include "tests/fuzz/fuzz_support.h"

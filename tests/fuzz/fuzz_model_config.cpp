@@ -1,6 +1,6 @@
 // Fuzzes the HF config.json reader (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM),
 // and the sizes the plan derives from a config it accepted.
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 #include "tests/fuzz/fuzz_support.h"
 
 #include <cstdint>

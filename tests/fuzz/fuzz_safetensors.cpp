@@ -1,7 +1,7 @@
 // Fuzzes the safetensors reader: the length-prefixed JSON header a SafetensorsFile validates up
 // front (dtypes, shapes, byte ranges, overlaps), then a float32 copy of every tensor it
 // accepted.
-#include "engine/safetensors.h"
+#include "engine/model/safetensors.h"
 #include "tests/fuzz/fuzz_support.h"
 
 #include <ATen/ATen.h>

@@ -1,11 +1,11 @@
-// Fuzzes the server's request parsing (launch/serve_protocol.cpp): a JSON body for
+// Fuzzes the server's request parsing (launch/serve/serve_protocol.cpp): a JSON body for
 // /v1/completions, /v1/chat/completions, /tokenize or /detokenize (the first input byte picks
 // which) against a served model with init-model's tokenizer and ChatML template, then the
 // response a parsed request gets. The server answers a bad body with an ApiError (400/404);
 // any other exception is a 500 and counts as a finding here.
 #include "engine/text/tokenizer_builder.h"
 #include "launch/model_text.h"
-#include "launch/serve_protocol.h"
+#include "launch/serve/serve_protocol.h"
 #include "tests/fuzz/fuzz_support.h"
 
 #include <cstdint>

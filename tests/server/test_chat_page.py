@@ -1,4 +1,4 @@
-"""The chat page `kvpipe serve` serves at GET / (launch/serve_page.html), driven by headless
+"""The chat page `kvpipe serve` serves at GET / (launch/serve/serve_page.html), driven by headless
 Chromium with the keyboard alone against the real server and SmolLM2-135M-Instruct.
 
     KVPIPE_BINARY=$PWD/build/release/launch/kvpipe KVPIPE_SOURCE_DIR=$PWD \

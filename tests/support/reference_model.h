@@ -4,7 +4,7 @@
 #pragma once
 
 #include "engine/layers.h"
-#include "engine/model_weights.h"
+#include "engine/model/model_weights.h"
 
 #include <ATen/ATen.h>
 

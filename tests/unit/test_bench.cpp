@@ -2,9 +2,9 @@
 // the Chrome trace), the workload generator, and whole runs checked for consistency:
 // report.json against the workload and against requests.csv, closed- and open-loop
 // arrivals, prefix reuse, the operator profile, and bad workloads (exit 2 naming the key).
-#include "launch/bench_report.h"
+#include "launch/bench/bench_report.h"
 #include "launch/job_config.h"
-#include "launch/workload.h"
+#include "launch/bench/workload.h"
 #include "tests/support/command.h"
 
 #include <gtest/gtest.h>

@@ -2,7 +2,7 @@
 // events split anywhere, completion chunks as llama-server, vLLM and kvpipe serve send them,
 // and the figures (TTFT, TPOT, ITL, E2EL, percentiles, goodput, failures) from known timings.
 // tests/server/test_bench_endpoint.py runs the whole client against a real `kvpipe serve`.
-#include "launch/bench_endpoint.h"
+#include "launch/bench/bench_endpoint.h"
 
 #include <gtest/gtest.h>
 

@@ -3,7 +3,7 @@
 #include "cache/block_manager.h"
 #include "engine/engine.h"
 #include "engine/model_shard.h"
-#include "engine/model_weights.h"
+#include "engine/model/model_weights.h"
 #include "tests/support/engine_run.h"
 #include "tests/support/reference_model.h"
 

@@ -1,8 +1,8 @@
 // The kvpipe executable end to end: init-model, generate's output lines, and the exit-code
 // contract for bad input (2, with a one-line message naming the file or key).
-#include "engine/model_config.h"
-#include "engine/model_weights.h"
-#include "engine/safetensors.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_weights.h"
+#include "engine/model/safetensors.h"
 #include "tests/support/command.h"
 
 #include <ATen/ATen.h>

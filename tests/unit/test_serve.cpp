@@ -3,9 +3,9 @@
 // between HTTP threads and the coordinator, and the scheduler's prefill budget. The live
 // server is tested with real clients in tests/server/.
 #include "engine/scheduler.h"
-#include "launch/serve_metrics.h"
-#include "launch/serve_protocol.h"
-#include "launch/serve_queue.h"
+#include "launch/serve/serve_metrics.h"
+#include "launch/serve/serve_protocol.h"
+#include "launch/serve/serve_queue.h"
 #include "tests/support/engine_run.h"
 
 #include <gtest/gtest.h>

@@ -2,7 +2,7 @@
 // and byte-level BPE metadata, tokenizer.json files, and the tokenizer init-model writes in
 // both formats. Parity with llama.cpp and `tokenizers` on real vocabularies is in
 // tests/peer/test_tokenizer_parity.cpp.
-#include "engine/gguf.h"
+#include "engine/model/gguf.h"
 #include "engine/text/tokenizer.h"
 #include "engine/text/tokenizer_builder.h"
 #include "launch/init_model.h"

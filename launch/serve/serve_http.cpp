@@ -1,4 +1,4 @@
-#include "launch/serve_http.h"
+#include "launch/serve/serve_http.h"
 
 #include "launch/model_text.h"
 
@@ -15,7 +15,7 @@
 
 namespace kvpipe {
 
-extern const char* const kServePage;  // launch/serve_page.html, embedded at build time
+extern const char* const kServePage;  // launch/serve/serve_page.html, embedded at build time
 
 namespace {
 

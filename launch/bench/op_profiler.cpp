@@ -1,4 +1,4 @@
-#include "launch/op_profiler.h"
+#include "launch/bench/op_profiler.h"
 
 #include <nlohmann/json.hpp>
 

@@ -16,12 +16,13 @@
 // message names the file and the problem.
 #pragma once
 
-#include "engine/model_config.h"
-#include "engine/weight_matrix.h"
+#include "engine/model/model_config.h"
+#include "engine/model/weight_matrix.h"
 
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -167,13 +168,13 @@ WeightMatrix load_gguf_matrix(const GgufFile& file, const ModelConfig& cfg, cons
                               const std::vector<int64_t>& expected);
 
 // Writes a model given as HF-named float tensors (hf_tensor_layout order) as one GGUF file
-// that llama.cpp loads: architecture metadata, init-model's byte-level BPE tokenizer
-// (engine/text/tokenizer_builder.h; a placeholder vocabulary below its minimum size),
-// matrices in `dtype` (float32, float16 or bfloat16) and 1-D tensors in F32 (as llama.cpp's
-// converter does; their values are rounded through `dtype` first so both formats hold the
-// same numbers).
-void write_gguf_model(const std::string& path, const ModelConfig& cfg,
-                      const std::vector<std::pair<std::string, at::Tensor>>& hf_tensors,
-                      at::ScalarType dtype);
+// that llama.cpp loads: architecture metadata, then what `add_tokenizer` adds (the
+// tokenizer.* keys: a vocabulary is text's, not the format's; init-model's is
+// write_gguf_model in launch/init_model.h), then matrices in `dtype` (float32, float16 or
+// bfloat16) and 1-D tensors in F32 (as llama.cpp's converter does; their values are rounded
+// through `dtype` first so both formats hold the same numbers).
+void write_gguf_file(const std::string& path, const ModelConfig& cfg,
+                     const std::vector<std::pair<std::string, at::Tensor>>& hf_tensors, at::ScalarType dtype,
+                     const std::function<void(GgufWriter&)>& add_tokenizer);
 
 }  // namespace kvpipe

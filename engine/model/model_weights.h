@@ -11,8 +11,8 @@
 // matrix product (as vLLM's fused QKV and gate-up projections).
 #pragma once
 
-#include "engine/model_config.h"
-#include "engine/weight_matrix.h"
+#include "engine/model/model_config.h"
+#include "engine/model/weight_matrix.h"
 
 #include <ATen/Tensor.h>
 

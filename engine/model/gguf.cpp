@@ -1,7 +1,6 @@
-#include "engine/gguf.h"
+#include "engine/model/gguf.h"
 
-#include "engine/mapped_file.h"
-#include "engine/text/tokenizer_builder.h"
+#include "engine/model/mapped_file.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Half.h>
@@ -687,9 +686,9 @@ at::Tensor load_gguf_tensor(const GgufFile& file, const ModelConfig& cfg, const 
   return t;
 }
 
-void write_gguf_model(const std::string& path, const ModelConfig& cfg,
-                      const std::vector<std::pair<std::string, at::Tensor>>& hf_tensors,
-                      at::ScalarType dtype) {
+void write_gguf_file(const std::string& path, const ModelConfig& cfg,
+                     const std::vector<std::pair<std::string, at::Tensor>>& hf_tensors, at::ScalarType dtype,
+                     const std::function<void(GgufWriter&)>& add_tokenizer) {
   const std::string arch = arch_of(cfg), k = arch + ".";
   GgufWriter w;
   w.add_string("general.architecture", arch);
@@ -709,51 +708,7 @@ void write_gguf_model(const std::string& path, const ModelConfig& cfg,
   w.add_f32(k + "rope.freq_base", static_cast<float>(cfg.rope_theta));
   w.add_f32(k + "attention.layer_norm_rms_epsilon", static_cast<float>(cfg.rms_eps));
 
-  if (cfg.vocab_size >= kMinByteLevelVocab) {
-    // The byte-level BPE vocabulary init-model gives HF models too (tokenizer_builder.h), so
-    // both formats made with the same flags tokenize alike.
-    const ByteLevelVocab v = build_byte_level_vocab(cfg.vocab_size, cfg.bos_token_id, cfg.eos_token_ids);
-    w.add_string("tokenizer.ggml.model", "gpt2");
-    w.add_string("tokenizer.ggml.pre", "gpt-2");
-    w.add_string_array("tokenizer.ggml.tokens", v.tokens);
-    w.add_i32_array("tokenizer.ggml.token_type", v.types);
-    w.add_string_array("tokenizer.ggml.merges", v.merges);
-    if (v.bos_id >= 0) w.add_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(v.bos_id));
-    if (!v.eos_ids.empty()) w.add_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(v.eos_ids.front()));
-    if (v.unk_id >= 0) w.add_u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(v.unk_id));
-    w.add_bool("tokenizer.ggml.add_bos_token", false);
-    w.add_bool("tokenizer.ggml.add_eos_token", false);
-    if (!v.chat_template.empty()) w.add_string("tokenizer.chat_template", v.chat_template);
-  } else {
-    // Too small for the 256 byte-level characters: a SentencePiece-shaped placeholder
-    // (<unk>, <s>, </s>, then placeholders) that llama.cpp loads; prompts to such a model are
-    // token ids, so only its size and special ids matter, but llama.cpp looks tokens up by
-    // text and wants them unique.
-    std::vector<std::string> tokens;
-    std::vector<float> scores;
-    std::vector<int32_t> types;  // llama_token_type: 1 normal, 2 unknown, 3 control
-    for (int64_t i = 0; i < cfg.vocab_size; ++i) {
-      std::string text;
-      int32_t type = 1;
-      if (i == 0) text = "<unk>", type = 2;
-      else if (i == cfg.bos_token_id) text = "<s>", type = 3;
-      else if (std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), i) != cfg.eos_token_ids.end())
-        text = "</s>" + (i == cfg.eos_token_ids.front() ? std::string() : std::to_string(i)), type = 3;
-      else text = "tok" + std::to_string(i);
-      tokens.push_back(text);
-      scores.push_back(type == 1 ? -static_cast<float>(i) : 0.0f);
-      types.push_back(type);
-    }
-    w.add_string("tokenizer.ggml.model", "llama");
-    w.add_string_array("tokenizer.ggml.tokens", tokens);
-    w.add_f32_array("tokenizer.ggml.scores", scores);
-    w.add_i32_array("tokenizer.ggml.token_type", types);
-    if (cfg.bos_token_id >= 0) w.add_u32("tokenizer.ggml.bos_token_id", cfg.bos_token_id);
-    if (!cfg.eos_token_ids.empty()) w.add_u32("tokenizer.ggml.eos_token_id", cfg.eos_token_ids.front());
-    w.add_u32("tokenizer.ggml.unknown_token_id", 0);
-    w.add_bool("tokenizer.ggml.add_bos_token", false);
-    w.add_bool("tokenizer.ggml.add_eos_token", false);
-  }
+  add_tokenizer(w);
 
   for (const auto& [hf_name, tensor] : hf_tensors) {
     const std::string name = gguf_tensor_name(hf_name);

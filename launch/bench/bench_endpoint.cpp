@@ -1,13 +1,13 @@
-#include "launch/bench_endpoint.h"
+#include "launch/bench/bench_endpoint.h"
 
-#include "launch/bench.h"
-#include "launch/bench_report.h"
+#include "launch/bench/bench.h"
+#include "launch/bench/bench_report.h"
 #include "launch/job_config.h"
 #include "launch/job_plan.h"
 #include "launch/log.h"
 #include "launch/output.h"
 #include "launch/signals.h"
-#include "launch/workload.h"
+#include "launch/bench/workload.h"
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>

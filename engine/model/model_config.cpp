@@ -1,6 +1,6 @@
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 
-#include "engine/mapped_file.h"
+#include "engine/model/mapped_file.h"
 
 #include <nlohmann/json.hpp>
 

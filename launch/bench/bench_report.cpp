@@ -1,4 +1,4 @@
-#include "launch/bench_report.h"
+#include "launch/bench/bench_report.h"
 
 #include "launch/output.h"
 

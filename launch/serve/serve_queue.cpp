@@ -1,4 +1,4 @@
-#include "launch/serve_queue.h"
+#include "launch/serve/serve_queue.h"
 
 namespace kvpipe {
 

@@ -1,18 +1,18 @@
-#include "launch/bench.h"
+#include "launch/bench/bench.h"
 
 #include "engine/kernels/cpu/blas_gemm.h"
 #include "engine/kernels/cpu/cpu_features.h"
 #include "engine/kernels/cpu/quant_types.h"
-#include "launch/bench_report.h"
+#include "launch/bench/bench_report.h"
 #include "launch/device_plan.h"
 #include "launch/job_config.h"
 #include "launch/job_plan.h"
 #include "launch/job_runner.h"
 #include "launch/log.h"
-#include "launch/op_profiler.h"
+#include "launch/bench/op_profiler.h"
 #include "launch/output.h"
 #include "launch/signals.h"
-#include "launch/workload.h"
+#include "launch/bench/workload.h"
 #include "parallel/communicator.h"
 
 #include <ATen/detail/CUDAHooksInterface.h>

@@ -1,4 +1,4 @@
-#include "engine/mapped_file.h"
+#include "engine/model/mapped_file.h"
 
 #include <fcntl.h>
 #include <signal.h>

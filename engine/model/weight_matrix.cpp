@@ -1,4 +1,4 @@
-#include "engine/weight_matrix.h"
+#include "engine/model/weight_matrix.h"
 
 #include "engine/kernels/cpu/quant_matmul.h"
 

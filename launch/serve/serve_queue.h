@@ -7,7 +7,7 @@
 // shutdown (new requests are refused, those accepted still get every event).
 #pragma once
 
-#include "launch/serve_protocol.h"
+#include "launch/serve/serve_protocol.h"
 
 #include <chrono>
 #include <condition_variable>

@@ -1,4 +1,4 @@
-#include "launch/serve_protocol.h"
+#include "launch/serve/serve_protocol.h"
 
 #include "engine/text/tokenizer.h"
 #include "launch/job_config.h"

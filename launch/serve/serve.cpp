@@ -1,4 +1,4 @@
-#include "launch/serve.h"
+#include "launch/serve/serve.h"
 
 #include "engine/engine.h"
 #include "engine/text/text_stream.h"
@@ -8,10 +8,10 @@
 #include "launch/job_runner.h"
 #include "launch/log.h"
 #include "launch/model_text.h"
-#include "launch/serve_http.h"
-#include "launch/serve_metrics.h"
-#include "launch/serve_protocol.h"
-#include "launch/serve_queue.h"
+#include "launch/serve/serve_http.h"
+#include "launch/serve/serve_metrics.h"
+#include "launch/serve/serve_protocol.h"
+#include "launch/serve/serve_queue.h"
 #include "launch/signals.h"
 
 #include <signal.h>

@@ -1,4 +1,4 @@
-#include "launch/workload.h"
+#include "launch/bench/workload.h"
 
 #include "engine/sampler.h"
 

@@ -1,4 +1,4 @@
-#include "launch/serve_metrics.h"
+#include "launch/serve/serve_metrics.h"
 
 #include <cmath>
 #include <cstdio>

@@ -1,6 +1,6 @@
-#include "engine/safetensors.h"
+#include "engine/model/safetensors.h"
 
-#include "engine/mapped_file.h"
+#include "engine/model/mapped_file.h"
 
 #include <ATen/ATen.h>
 

@@ -1,7 +1,7 @@
-#include "engine/model_weights.h"
+#include "engine/model/model_weights.h"
 
-#include "engine/gguf.h"
-#include "engine/safetensors.h"
+#include "engine/model/gguf.h"
+#include "engine/model/safetensors.h"
 
 #include <ATen/ATen.h>
 

@@ -9,9 +9,9 @@
 // waits) and its request is cancelled.
 #pragma once
 
-#include "launch/serve_metrics.h"
-#include "launch/serve_protocol.h"
-#include "launch/serve_queue.h"
+#include "launch/serve/serve_metrics.h"
+#include "launch/serve/serve_protocol.h"
+#include "launch/serve/serve_queue.h"
 
 #include <cstddef>
 #include <memory>
