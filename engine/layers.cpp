@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -19,11 +20,17 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 RopeTables make_rope_tables(int64_t max_position, int64_t head_dim, double theta,
                             at::ScalarType dtype) {
+  std::vector<double> inv_freq(head_dim / 2);
+  for (int64_t i = 0; i < head_dim / 2; ++i)
+    inv_freq[i] = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
+  return make_rope_tables(max_position, inv_freq, dtype);
+}
+
+RopeTables make_rope_tables(int64_t max_position, const std::vector<double>& inv_freq, at::ScalarType dtype) {
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
-  const at::Tensor i = at::arange(0, head_dim, 2, f64);
-  const at::Tensor inv_freq = at::pow(theta, i / static_cast<double>(head_dim)).reciprocal();
+  const at::Tensor inv = at::tensor(inv_freq, f64);
   const at::Tensor pos = at::arange(max_position, f64);
-  const at::Tensor freqs = at::outer(pos, inv_freq);
+  const at::Tensor freqs = at::outer(pos, inv);
   const at::Tensor emb = at::cat({freqs, freqs}, -1);
   return {emb.cos().to(dtype).contiguous(), emb.sin().to(dtype).contiguous()};
 }

@@ -10,6 +10,7 @@
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace kvpipe {
 
@@ -24,6 +25,8 @@ struct RopeTables {
 };
 RopeTables make_rope_tables(int64_t max_position, int64_t head_dim, double theta,
                             at::ScalarType dtype);
+// The same for inverse frequencies given (rope_inv_freq: RoPE with the model's scaling).
+RopeTables make_rope_tables(int64_t max_position, const std::vector<double>& inv_freq, at::ScalarType dtype);
 
 // x [T, heads, head_dim] rotated at `positions` (int64 [T]).
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& positions, const RopeTables& rope);

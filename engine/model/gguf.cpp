@@ -608,10 +608,30 @@ ModelConfig gguf_config(const GgufFile& f) {
                        " (partial rotary embedding is not supported)");
   c.rope_theta = f.has(k + "rope.freq_base") ? f.get_float(k + "rope.freq_base") : 10000.0;
   c.rms_eps = f.get_float(k + "attention.layer_norm_rms_epsilon");
-  if (f.has(k + "rope.scaling.type") && f.get_string(k + "rope.scaling.type") != "none")
-    fail(f.path(), k + "rope.scaling.type '" + f.get_string(k + "rope.scaling.type") + "' is not supported");
-  if (f.has(k + "rope.scale_linear") && f.get_float(k + "rope.scale_linear") != 1.0)
-    fail(f.path(), k + "rope.scale_linear is not supported");
+  // RoPE scaling as llama.cpp reads it: rope.scaling.type none or linear (with
+  // rope.scaling.factor, or the older rope.scale_linear), and for llama3 models the
+  // per-frequency divisors its converter writes as rope_freqs.weight. Other types (yarn,
+  // longrope) and their keys are refused by name.
+  const std::string scaling = f.has(k + "rope.scaling.type") ? f.get_string(k + "rope.scaling.type") : "none";
+  if (scaling != "none" && scaling != "linear")
+    fail(f.path(), k + "rope.scaling.type '" + scaling + "' is not supported (none, linear)");
+  const double scale_linear = f.has(k + "rope.scale_linear") ? f.get_float(k + "rope.scale_linear") : 1.0;
+  if (scaling == "linear" || scale_linear != 1.0) {
+    c.rope_scaling.type = "linear";
+    c.rope_scaling.factor = f.has(k + "rope.scaling.factor") ? f.get_float(k + "rope.scaling.factor") : scale_linear;
+  }
+  // llama.cpp multiplies attention scores by it; kvpipe does not.
+  if (f.has(k + "rope.scaling.attn_factor") && f.get_float(k + "rope.scaling.attn_factor") != 1.0)
+    fail(f.path(), k + "rope.scaling.attn_factor other than 1 is not supported");
+  if (f.contains("rope_freqs.weight")) {
+    int64_t count = 1;
+    for (const int64_t n : f.tensor("rope_freqs.weight").ne) count *= n;
+    if (count != c.head_dim / 2)
+      fail(f.path(), "rope_freqs.weight holds " + std::to_string(count) + " factors, not head_dim / 2 = " +
+                         std::to_string(c.head_dim / 2));
+    const at::Tensor factors = f.load("rope_freqs.weight").to(at::kDouble).flatten().contiguous();
+    c.rope_scaling.freq_factors.assign(factors.data_ptr<double>(), factors.data_ptr<double>() + factors.numel());
+  }
 
   const GgufTensorInfo& embd = f.tensor("token_embd.weight");
   if (f.has(k + "vocab_size")) c.vocab_size = f.get_int(k + "vocab_size");
@@ -632,6 +652,9 @@ ModelConfig gguf_config(const GgufFile& f) {
       {"intermediate_size", k + "feed_forward_length"},
       {"max_position_embeddings", k + "context_length"},
       {"rope_theta", k + "rope.freq_base"},
+      {"rope_type", k + "rope.scaling.type"},
+      {"factor", f.has(k + "rope.scaling.factor") ? k + "rope.scaling.factor" : k + "rope.scale_linear"},
+      {"rope_freqs", "rope_freqs.weight"},
       {"rms_norm_eps", k + "attention.layer_norm_rms_epsilon"},
       {"eos_token_id", "tokenizer.ggml.eos_token_id"}};
   c.validate(f.path(), [&keys](const std::string& hf_key) {
@@ -708,7 +731,22 @@ void write_gguf_file(const std::string& path, const ModelConfig& cfg,
   w.add_f32(k + "rope.freq_base", static_cast<float>(cfg.rope_theta));
   w.add_f32(k + "attention.layer_norm_rms_epsilon", static_cast<float>(cfg.rms_eps));
 
+  // RoPE scaling as llama.cpp's converter writes it: linear as metadata, llama3 as the
+  // per-frequency divisors (rope_freqs.weight), which llama.cpp applies to any model.
+  const RopeScaling& rs = cfg.rope_scaling;
+  if (rs.type == "linear") {
+    w.add_string(k + "rope.scaling.type", "linear");
+    w.add_f32(k + "rope.scaling.factor", static_cast<float>(rs.factor));
+  }
   add_tokenizer(w);
+  if (rs.type == "llama3" || !rs.freq_factors.empty()) {
+    ModelConfig plain = cfg;
+    plain.rope_scaling = RopeScaling{};
+    const std::vector<double> base = rope_inv_freq(plain), scaled = rope_inv_freq(cfg);
+    std::vector<float> divisors(base.size());
+    for (size_t i = 0; i < base.size(); ++i) divisors[i] = static_cast<float>(base[i] / scaled[i]);
+    w.add_tensor("rope_freqs.weight", at::tensor(divisors, at::kFloat));
+  }
 
   for (const auto& [hf_name, tensor] : hf_tensors) {
     const std::string name = gguf_tensor_name(hf_name);

@@ -117,6 +117,29 @@ void ModelConfig::validate(const std::string& source,
     fail(source, key("rope_theta") + " must be a finite positive number, got " + std::to_string(rope_theta));
   if (!(std::isfinite(rms_eps) && rms_eps > 0))
     fail(source, key("rms_norm_eps") + " must be a finite positive number, got " + std::to_string(rms_eps));
+  const RopeScaling& rs = rope_scaling;
+  if (rs.type != "default" && rs.type != "linear" && rs.type != "llama3")
+    fail(source, key("rope_type") + " '" + rs.type + "' is not supported (default, linear, llama3)");
+  if (rs.type != "default" && !(std::isfinite(rs.factor) && rs.factor > 0))
+    fail(source, key("factor") + " must be a finite positive number, got " + std::to_string(rs.factor));
+  if (rs.type == "llama3") {
+    if (!(std::isfinite(rs.low_freq_factor) && std::isfinite(rs.high_freq_factor) && rs.low_freq_factor > 0 &&
+          rs.high_freq_factor > rs.low_freq_factor))
+      fail(source, key("low_freq_factor") + " and " + key("high_freq_factor") +
+                       " must be finite with 0 < low_freq_factor < high_freq_factor, got " +
+                       std::to_string(rs.low_freq_factor) + " and " + std::to_string(rs.high_freq_factor));
+    if (rs.original_max_position <= 0 || rs.original_max_position > kMaxModelPositions)
+      fail(source, key("original_max_position_embeddings") + " must be in 1.." + std::to_string(kMaxModelPositions) +
+                       ", got " + std::to_string(rs.original_max_position));
+  }
+  if (!rs.freq_factors.empty()) {
+    if (static_cast<int64_t>(rs.freq_factors.size()) != head_dim / 2)
+      fail(source, key("rope_freqs") + " holds " + std::to_string(rs.freq_factors.size()) + " factors, not head_dim / 2 = " +
+                       std::to_string(head_dim / 2));
+    for (double f : rs.freq_factors)
+      if (!(std::isfinite(f) && f > 0))
+        fail(source, key("rope_freqs") + " must hold finite positive factors, got " + std::to_string(f));
+  }
   for (int64_t id : eos_token_ids)
     if (id < 0 || id >= vocab_size)
       fail(source, key("eos_token_id") + " " + std::to_string(id) + " is outside the vocabulary (0.." +
@@ -143,6 +166,73 @@ int64_t ModelConfig::layer_params() const {
 
 int64_t ModelConfig::total_params() const {
   return num_layers * layer_params() + embedding_params() * (tie_embeddings ? 1 : 2) + hidden_size;
+}
+
+namespace {
+
+// RoPE from transformers 5's `rope_parameters` (theta and scaling in one object) or, for
+// files written before it, from `rope_theta` and `rope_scaling`. Every key of the object must
+// be one kvpipe applies: a key it does not know may change the math, so it is refused by name.
+void read_rope(const json& j, const std::string& path, ModelConfig& c) {
+  const json* params = find(j, "rope_parameters");
+  const char* object_key = params != nullptr ? "rope_parameters" : "rope_scaling";
+  const json* rs = params != nullptr ? params : find(j, "rope_scaling");
+  c.rope_theta = get_number(j, "rope_theta", 10000.0, path);
+  if (rs == nullptr) return;
+  if (!rs->is_object()) wrong_type(path, object_key, "an object or null", *rs);
+  const std::string src = path + ": '" + object_key + "'";
+  if (params != nullptr) c.rope_theta = get_number(*rs, "rope_theta", c.rope_theta, src);
+  RopeScaling& s = c.rope_scaling;
+  s.type = get_string(*rs, "rope_type", get_string(*rs, "type", "default", src), src);
+  if (s.type != "default" && s.type != "linear" && s.type != "llama3")
+    fail(path, "unsupported '" + std::string(object_key) + "' type '" + s.type +
+                   "' (supported: default, linear, llama3)");
+  std::vector<std::string> known = {"rope_type", "type", "rope_theta"};
+  if (s.type != "default") {
+    s.factor = get_number(*rs, "factor", 1.0, src);
+    known.push_back("factor");
+  }
+  if (s.type == "llama3") {
+    s.low_freq_factor = get_number(*rs, "low_freq_factor", 1.0, src);
+    s.high_freq_factor = get_number(*rs, "high_freq_factor", 4.0, src);
+    s.original_max_position = get_int(*rs, "original_max_position_embeddings", src);
+    known.insert(known.end(), {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+  }
+  for (const auto& [name, value] : rs->items())
+    if (std::find(known.begin(), known.end(), name) == known.end() && !value.is_null())
+      fail(path, "'" + std::string(object_key) + "': key '" + name + "' is not supported for RoPE type '" + s.type +
+                     "'");
+}
+
+}  // namespace
+
+std::vector<double> rope_inv_freq(const ModelConfig& c) {
+  const RopeScaling& rs = c.rope_scaling;
+  const int64_t half = c.head_dim / 2;
+  std::vector<double> inv(half);
+  for (int64_t i = 0; i < half; ++i)
+    inv[i] = 1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(c.head_dim));
+  if (rs.type == "linear") {
+    for (double& f : inv) f /= rs.factor;
+  } else if (rs.type == "llama3") {
+    // transformers' _compute_llama3_parameters: wavelengths longer than the original context
+    // over low_freq_factor are stretched by `factor`, shorter than it over high_freq_factor
+    // kept, and those between interpolated.
+    const double old_len = static_cast<double>(rs.original_max_position);
+    const double low_wavelen = old_len / rs.low_freq_factor, high_wavelen = old_len / rs.high_freq_factor;
+    for (double& f : inv) {
+      const double wavelen = 2.0 * M_PI / f;
+      if (wavelen > low_wavelen) {
+        f /= rs.factor;
+      } else if (!(wavelen < high_wavelen)) {
+        const double smooth = (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+        f = (1.0 - smooth) * f / rs.factor + smooth * f;
+      }
+    }
+  }
+  if (static_cast<int64_t>(rs.freq_factors.size()) == half)
+    for (int64_t i = 0; i < half; ++i) inv[i] /= rs.freq_factors[i];
+  return inv;
 }
 
 ModelConfig load_hf_config(const std::string& dir) {
@@ -190,19 +280,12 @@ ModelConfig load_hf_config(const std::string& dir) {
   c.intermediate_size = get_int(j, "intermediate_size", path);
   c.max_position = get_int(j, "max_position_embeddings", 2048, path);
   c.head_dim = get_int(j, "head_dim", c.num_heads > 0 ? c.hidden_size / c.num_heads : 0, path);
-  c.rope_theta = get_number(j, "rope_theta", 10000.0, path);
   c.rms_eps = get_number(j, "rms_norm_eps", 1e-6, path);
   c.tie_embeddings = get_bool(j, "tie_word_embeddings", false, path);
 
   const std::string act = get_string(j, "hidden_act", "silu", path);
   if (act != "silu") fail(path, "unsupported 'hidden_act' '" + act + "' (only silu)");
-  if (const json* rs = find(j, "rope_scaling")) {
-    if (!rs->is_object()) wrong_type(path, "rope_scaling", "an object or null", *rs);
-    const std::string type =
-        get_string(*rs, "rope_type", get_string(*rs, "type", "?", path + ": 'rope_scaling'"), path + ": 'rope_scaling'");
-    if (type != "default")
-      fail(path, "unsupported 'rope_scaling' type '" + type + "' (only plain RoPE is implemented)");
-  }
+  read_rope(j, path, c);
   if (get_number(j, "partial_rotary_factor", 1.0, path) != 1.0)
     fail(path, "'partial_rotary_factor' other than 1 is not supported");
   // A sliding window changes attention only past its length: cap the context there instead

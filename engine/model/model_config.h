@@ -1,9 +1,11 @@
 // ModelConfig: the shape and hyper-parameters of a Llama-family decoder-only model.
 //
 // Read from an HF config.json (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) or
-// taken from a named preset. Anything the engine does not implement (another architecture,
-// an activation other than SiLU, a rope_scaling type, an active sliding window shorter than
-// the context) is refused with std::invalid_argument naming the file and key: a model is
+// taken from a named preset. RoPE comes from transformers 5's `rope_parameters` or from the
+// earlier `rope_theta` + `rope_scaling` alike (types default, linear and llama3). Anything the
+// engine does not implement (another architecture, an activation other than SiLU, another
+// RoPE type or a RoPE key it does not know, an active sliding window shorter than the
+// context) is refused with std::invalid_argument naming the file and key: a model is
 // never run with math that differs from its definition. So is a value of the wrong JSON
 // type, a hyper-parameter that is not a finite positive number, and a size beyond the
 // bounds below: every size is checked before anything is allocated or partitioned by it.
@@ -32,6 +34,18 @@ inline constexpr int64_t kMaxModelParams = int64_t{1} << 48;
 // A config.json is a few kilobytes; reading stops well before a runaway file fills memory.
 inline constexpr uint64_t kMaxConfigJsonBytes = uint64_t{16} << 20;
 
+// How RoPE's inverse frequencies are scaled: transformers' rope types (llama3: Llama 3.1 and
+// 3.2's long-context scaling; linear: position interpolation), and GGUF's per-frequency
+// divisors (rope_freqs.weight, which llama.cpp's converter writes for llama3 models).
+struct RopeScaling {
+  std::string type = "default";         // default | linear | llama3
+  double factor = 1.0;                  // linear, llama3
+  double low_freq_factor = 1.0;         // llama3
+  double high_freq_factor = 4.0;        // llama3
+  int64_t original_max_position = 0;    // llama3: original_max_position_embeddings
+  std::vector<double> freq_factors;     // GGUF: inverse frequency i is divided by [i]
+};
+
 struct ModelConfig {
   std::string architecture = "LlamaForCausalLM";
   int64_t vocab_size = 0;
@@ -43,6 +57,7 @@ struct ModelConfig {
   int64_t intermediate_size = 0;
   int64_t max_position = 2048;
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
   double rms_eps = 1e-6;
   bool tie_embeddings = false;
   bool qkv_bias = false;           // Qwen2
@@ -65,6 +80,12 @@ struct ModelConfig {
     return 2 * num_kv_heads * head_dim * element_size;
   }
 };
+
+// RoPE's inverse frequencies for `cfg`, in float64 [head_dim / 2]: theta^(-2i / head_dim),
+// scaled as `cfg.rope_scaling` says (transformers' rope init functions: linear divides every
+// frequency by `factor`; llama3 divides the low frequencies by it, keeps the high ones and
+// blends those between; GGUF's freq_factors divide each on top).
+std::vector<double> rope_inv_freq(const ModelConfig& cfg);
 
 // Reads `dir`/config.json.
 ModelConfig load_hf_config(const std::string& dir);

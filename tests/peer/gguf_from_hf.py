@@ -1,15 +1,21 @@
 """Writes an HF model directory (config.json + model.safetensors) as one GGUF file with the
 `gguf` package, llama.cpp's own writer, following llama.cpp's convert_hf_to_gguf.py: llama.cpp's
 tensor-name map, q/k rows permuted per head for the llama architecture (not for qwen2), the
-embedding reused as the LM head when the model ties them. F32 and F16 tensors are kept as they
-are; BF16 is written as F32.
+embedding reused as the LM head when the model ties them, RoPE from `rope_parameters`
+(transformers 5) or `rope_theta` + `rope_scaling` (earlier), linear scaling as metadata and
+llama3 scaling as the rope_freqs.weight divisors its LlamaModel.generate_extra_tensors writes.
+F32 and F16 tensors are kept as they are; BF16 is written as F32.
 
-    python tests/peer/gguf_from_hf.py --model DIR --out FILE.gguf
+    python tests/peer/gguf_from_hf.py --model DIR --out FILE.gguf [--placeholder-vocab]
+
+--placeholder-vocab adds a SentencePiece-shaped vocabulary of placeholder tokens (<unk>, <s>,
+</s>, tok3, ...), which llama.cpp needs to load the file; prompts are token ids.
 
 kvpipe must read what this writes exactly as it reads the HF directory.
 """
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -24,6 +30,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--placeholder-vocab", action="store_true")
     args = parser.parse_args()
     import gguf
     import numpy as np
@@ -49,10 +56,48 @@ def main() -> int:
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    writer.add_rope_freq_base(theta)
+    rope_freqs = None
+    if rope_type == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+    elif rope_type == "llama3":
+        factor = rope.get("factor", 8.0)
+        low, high = rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+        old_len = rope.get("original_max_position_embeddings", 8192)
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        rope_freqs = []
+        for i in range(0, head_dim, 2):
+            wavelen = 2 * math.pi / (1.0 / theta ** (i / head_dim))
+            if wavelen < high_wavelen:
+                rope_freqs.append(1.0)
+            elif wavelen > low_wavelen:
+                rope_freqs.append(factor)
+            else:
+                smooth = (old_len / wavelen - low) / (high - low)
+                rope_freqs.append(1 / ((1 - smooth) / factor + smooth))
+    elif rope_type != "default":
+        print(f"gguf_from_hf: RoPE type {rope_type} is not written here", file=sys.stderr)
+        return 2
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_vocab_size(cfg["vocab_size"])
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if args.placeholder_vocab:
+        n = cfg["vocab_size"]
+        tokens = ["<unk>", "<s>", "</s>"] + [f"tok{i}" for i in range(3, n)]
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(tokens)
+        writer.add_token_scores([0.0] * 3 + [-float(i) for i in range(3, n)])
+        writer.add_token_types([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] +
+                               [gguf.TokenType.NORMAL] * (n - 3))
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_unk_token_id(0)
+        writer.add_add_bos_token(False)
+        writer.add_add_eos_token(False)
 
     names = gguf.get_tensor_name_map(arch, n_layer)
     tensors = load_file(os.path.join(args.model, "model.safetensors"))
@@ -69,6 +114,8 @@ def main() -> int:
             print(f"gguf_from_hf: no GGUF name for tensor {hf_name}", file=sys.stderr)
             return 2
         writer.add_tensor(name, np.ascontiguousarray(data))
+    if rope_freqs is not None:
+        writer.add_tensor("rope_freqs.weight", np.array(rope_freqs, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -4,6 +4,10 @@
 // every greedy step, full-vocabulary log-probabilities within 1e-4 of transformers' while the
 // chosen tokens agree (a near-tie, top two within 1e-3, may diverge). The same weights written
 // as GGUF by the `gguf` package (llama.cpp's own writer) must match the HF twin as well.
+// Models made and saved by transformers itself check RoPE as config.json defines it today
+// (`rope_parameters`) and before transformers 5 (`rope_theta` + `rope_scaling`): plain with
+// another theta, llama3 (Llama 3.1/3.2) and linear scaling, over prompts longer than the
+// original context; llama3's GGUF twin carries rope_freqs.weight, which llama.cpp applies too.
 #include "tests/support/command.h"
 #include "tests/support/logprob_compare.h"
 
@@ -28,6 +32,14 @@ constexpr int kSteps = 24;
 constexpr double kLogprobTolerance = 1e-4;
 constexpr double kTieTolerance = 1e-3;
 const char* kPrompt = "1,17,42,99,5,300,12,7,250,251,3,64,8,9";
+// 48 tokens: beyond the 32 positions that the scaled models below call their original context.
+std::string long_prompt() {
+  std::string p;
+  for (int i = 0; i < 48; ++i) p += (i ? "," : "") + std::to_string((i * 37) % 500 + 3);
+  return p;
+}
+const char* kLlama3 = R"("rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, )"
+                      R"("high_freq_factor": 4.0, "original_max_position_embeddings": 32)";
 
 class TransformersParity : public ::testing::Test {
  protected:
@@ -50,7 +62,19 @@ class TransformersParity : public ::testing::Test {
     const CommandResult r = run_command(std::string(KVPIPE_BINARY) + " init-model --format hf --out " +
                                             (dir_ / "model_hf").string() + " " + flags, dir_);
     ASSERT_EQ(r.code, 0) << r.err;
-    kvpipe::testing::write_greedy_job(dir_, (dir_ / "model_hf").string(), kPrompt, kSteps);
+    kvpipe::testing::write_greedy_job(dir_, (dir_ / "model_hf").string(), prompt_, kSteps);
+  }
+
+  // A random Llama made and saved by transformers (tests/peer/hf_save_random.py) with the
+  // rope_parameters object `rope`; `legacy` rewrites its config.json in the pre-5 layout.
+  void save_with_transformers(const std::string& rope, bool legacy) {
+    prompt_ = long_prompt();
+    const CommandResult r = run_command(python("hf_save_random.py", "--out " + (dir_ / "model_hf").string() +
+                                                                        " --rope '{" + rope + "}'" +
+                                                                        (legacy ? " --legacy" : "")),
+                                        dir_);
+    ASSERT_TRUE(reference_ran(r, "transformers (save_pretrained)"));
+    kvpipe::testing::write_greedy_job(dir_, (dir_ / "model_hf").string(), prompt_, kSteps);
   }
 
   std::vector<LogprobStep> kvpipe_run(const std::string& model, int ranks) {
@@ -61,11 +85,12 @@ class TransformersParity : public ::testing::Test {
 
 
   // Compares kvpipe's runs of the HF directory (1 and 2 ranks) and, with `gguf_twin`, of its
-  // gguf-py conversion (1 and 2 ranks) against transformers on the HF directory.
-  void check_all(const std::string& label, bool gguf_twin) {
+  // gguf-py conversion (1 and 2 ranks) against transformers on the HF directory; with
+  // `llama_cpp`, also kvpipe on the twin against llama.cpp on it.
+  void check_all(const std::string& label, bool gguf_twin, bool llama_cpp = false) {
     const std::string hf = (dir_ / "model_hf").string();
     const CommandResult ref_run = run_command(
-        python("hf_logprobs.py", "--model " + hf + " --prompt " + kPrompt + " --steps " + std::to_string(kSteps)),
+        python("hf_logprobs.py", "--model " + hf + " --prompt " + prompt_ + " --steps " + std::to_string(kSteps)),
         dir_);
     ASSERT_TRUE(reference_ran(ref_run, "transformers (float64)"));
     const std::vector<LogprobStep> ref = kvpipe::testing::parse_logprob_steps(ref_run.out);
@@ -78,10 +103,25 @@ class TransformersParity : public ::testing::Test {
     std::vector<Run> runs = {{"hf, 1 rank", hf, 1}, {"hf, 2 ranks", hf, 2}};
     if (gguf_twin) {
       const std::string gguf = (dir_ / "twin.gguf").string();
-      const CommandResult w = run_command(python("gguf_from_hf.py", "--model " + hf + " --out " + gguf), dir_);
+      const CommandResult w = run_command(
+          python("gguf_from_hf.py", "--model " + hf + " --out " + gguf + (llama_cpp ? " --placeholder-vocab" : "")),
+          dir_);
       ASSERT_TRUE(reference_ran(w, "gguf writer"));
       runs.push_back({"gguf-py twin, 1 rank", gguf, 1});
       runs.push_back({"gguf-py twin, 2 ranks", gguf, 2});
+      if (llama_cpp) {
+        const std::string cmd = std::string(KVPIPE_PYTHON) + " " + KVPIPE_SOURCE_DIR +
+                                "/tests/peer/llama_logprobs.py --model " + gguf + " --prompt " + prompt_ +
+                                " --steps " + std::to_string(kSteps) + " --threads 1";
+        const CommandResult l = run_command(cmd, dir_);
+        ASSERT_TRUE(reference_ran(l, "llama.cpp", cmd));
+        const LogprobComparison c = kvpipe::testing::compare_logprob_steps(
+            kvpipe_run(gguf, 1), kvpipe::testing::parse_logprob_steps(l.out), kSteps, kLogprobTolerance, kTieTolerance);
+        std::printf("[ parity ] llama.cpp, %s, gguf-py twin, 1 rank: %s\n", label.c_str(),
+                    kvpipe::testing::summary(c).c_str());
+        EXPECT_TRUE(c.failure.empty()) << label << ", llama.cpp: " << c.failure;
+        EXPECT_GE(c.compared, 8) << label << ", llama.cpp";
+      }
     }
     for (const Run& run : runs) {
       const LogprobComparison c = kvpipe::testing::compare_logprob_steps(
@@ -94,6 +134,7 @@ class TransformersParity : public ::testing::Test {
   }
 
   fs::path dir_;
+  std::string prompt_ = kPrompt;
 };
 
 TEST_F(TransformersParity, LlamaUntied) {
@@ -115,6 +156,27 @@ TEST_F(TransformersParity, Mistral) {
 TEST_F(TransformersParity, Qwen2WithQkvBiases) {
   init_model("--preset tiny --architecture Qwen2ForCausalLM --std 0.05 --seed 5 --tie-embeddings");
   check_all("qwen2", true);
+}
+
+TEST_F(TransformersParity, SavedByTransformersWithAnotherTheta) {
+  // transformers 5 keeps rope_theta inside rope_parameters only.
+  save_with_transformers(R"("rope_type": "default", "rope_theta": 500000.0)", false);
+  check_all("saved by transformers, theta 500000", true);
+}
+
+TEST_F(TransformersParity, Llama3RopeScaling) {
+  save_with_transformers(kLlama3, false);
+  check_all("llama3 rope", true, true);
+}
+
+TEST_F(TransformersParity, Llama3RopeScalingPreTransformers5Layout) {
+  save_with_transformers(kLlama3, true);
+  check_all("llama3 rope, rope_scaling layout", false);
+}
+
+TEST_F(TransformersParity, LinearRopeScaling) {
+  save_with_transformers(R"("rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0)", false);
+  check_all("linear rope", true);
 }
 
 }  // namespace
