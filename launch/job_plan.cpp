@@ -2,6 +2,7 @@
 
 #include "engine/model/model_weights.h"
 #include "launch/device_plan.h"
+#include "launch/job_runner.h"
 #include "launch/model_text.h"
 #include "parallel/communicator.h"
 
@@ -291,6 +292,9 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
           ", RoPE tables, activations and accounting " + gib(other) + "), more than " + limit_text +
           ": lower cache.memory (or scheduler.max_tokens_per_step), or raise runtime.memory");
   }
+  // The scheduler's own admission rule over this pool (windows and chunked prefill included).
+  plan.longest_request =
+      Scheduler(engine_options(job, plan).scheduler, plan.partition.num_blocks).max_request_tokens();
   return plan;
 }
 
@@ -360,6 +364,10 @@ void print_plan(std::ostream& out, const JobPlan& plan) {
   out << "plan: at most " << plan.partition.num_blocks * plan.block_size
       << " concurrent tokens (" << plan.partition.num_blocks << " blocks x " << plan.block_size
       << " tokens per block), KV cache " << kv_dtype_name(plan.kv_dtype) << "\n";
+  out << "plan: a request may hold at most " << plan.longest_request << " tokens (prompt + output), set by "
+      << (plan.longest_request < plan.model.max_position ? "cache.memory"
+                                                         : "the model's context length")
+      << "\n";
   out << "plan: device " << (plan.device_type == at::kCUDA ? "cuda" : "cpu") << ", dtype "
       << dtype_name(plan.dtype) << ", " << gib(double(plan.device_memory_bytes))
       << (plan.device_type == at::kCUDA ? " of GPU memory per rank\n" : " of host memory\n");

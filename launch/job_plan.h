@@ -39,6 +39,9 @@ struct JobPlan {
   PartitionPlan partition;
   int64_t block_size = 16;
   int64_t first_cached_layer = 0;  // layers before it keep no K/V (cache.cached_layers)
+  // Prompt + output tokens of the longest request one sequence's KV blocks can hold in the
+  // pool (at most the model's context; the scheduler's admission rule).
+  int64_t longest_request = 0;
 };
 
 JobPlan plan_job(const JobConfig& job, int world_size);
@@ -46,8 +49,9 @@ JobPlan plan_job(const JobConfig& job, int world_size);
 // The shape of the job's model.path (its config only); errors name the key that pointed there.
 ModelConfig load_job_model_config(const JobConfig& job);
 
-// The plan as log lines: the split, each rank's weight and KV bytes, the common block count
-// and the largest number of tokens all running sequences can hold together.
+// The plan as log lines: the split, each rank's weight and KV bytes, the common block count,
+// the largest number of tokens all running sequences can hold together, and the longest
+// request with what limits it (cache.memory or the model's context).
 void print_plan(std::ostream& out, const JobPlan& plan);
 
 // Physical memory of this machine, for `runtime.memory: auto` on CPU.

@@ -235,8 +235,7 @@ void serve(const ServeOptions& o, World& world) {
     served.text = text.get();
     served.vocab_size = plan.model.vocab_size;
     served.max_context = plan.model.max_position;
-    served.max_request_tokens =
-        Scheduler(engine_options(job, plan).scheduler, plan.partition.num_blocks).max_request_tokens();
+    served.max_request_tokens = plan.longest_request;
     metrics = std::make_unique<ServeMetrics>(served.name);
     queue = std::make_unique<ServeQueue>(o.max_requests);
     HttpOptions ho;
@@ -251,7 +250,7 @@ void serve(const ServeOptions& o, World& world) {
     // is the graceful stop.
     log_printf(LogLevel::kInfo, "listening on http://%s:%d (pid %d, model %s, %lld tokens per request at most)",
                o.host.c_str(), port, static_cast<int>(::getpid()), served.name.c_str(),
-               static_cast<long long>(std::min(served.max_context, served.max_request_tokens)));
+               static_cast<long long>(served.max_model_len()));
   }
   run_job(job, plan, world, nullptr, [&](CoordinatorContext& c) {
     EngineOptions eo = engine_options(c.job, c.plan);

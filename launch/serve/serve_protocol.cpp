@@ -260,7 +260,8 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
 
   // Every prompt must leave room for at least one token; max_tokens defaults to 16 for
   // completions (OpenAI's default) and to the rest of the context for chat, as vLLM does.
-  const int64_t limit = std::min(model.max_context, model.max_request_tokens);
+  const int64_t limit = model.max_model_len();
+  const std::string limit_note = " (set by " + model.max_model_len_limit() + ")";
   int64_t longest = 0;
   for (const auto& p : r.prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
   for (const auto& p : r.prompts)
@@ -268,12 +269,14 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
   const char* max_key = chat && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   const json* max_given = field(body, max_key);
   if (longest >= limit)
-    throw ApiError(400, "This model's maximum context length is " + std::to_string(limit) + " tokens. However, your prompt has " +
+    throw ApiError(400, "This model's maximum context length is " + std::to_string(limit) + " tokens" + limit_note +
+                            ". However, your prompt has " +
                             std::to_string(longest) + " tokens.", chat ? "messages" : "prompt", "context_length_exceeded");
   r.max_tokens = integer_field(body, max_key, chat ? limit - longest : std::min<int64_t>(16, limit - longest), 1,
                                std::numeric_limits<int32_t>::max());
   if (max_given && longest + r.max_tokens > limit)
-    throw ApiError(400, "This model's maximum context length is " + std::to_string(limit) + " tokens. However, you requested " +
+    throw ApiError(400, "This model's maximum context length is " + std::to_string(limit) + " tokens" + limit_note +
+                            ". However, you requested " +
                             std::to_string(longest + r.max_tokens) + " tokens (" + std::to_string(longest) +
                             " in the prompt, " + std::to_string(r.max_tokens) + " for the completion).",
                    max_key, "context_length_exceeded");
@@ -432,7 +435,7 @@ std::string tokenize_response(const std::string& text, const ServedModel& model)
   }
   json token_strs = json::array();
   for (int64_t id : ids) token_strs.push_back(model.text->tokenizer()->piece(id));
-  return dump_json(json{{"count", ids.size()}, {"max_model_len", model.max_context}, {"tokens", ids}, {"token_strs", token_strs}});
+  return dump_json(json{{"count", ids.size()}, {"max_model_len", model.max_model_len()}, {"tokens", ids}, {"token_strs", token_strs}});
 }
 
 std::string detokenize_response(const std::string& text, const ServedModel& model) {
@@ -446,7 +449,7 @@ std::string detokenize_response(const std::string& text, const ServedModel& mode
 
 std::string models_response(const ServedModel& model, int64_t created) {
   json m{{"id", model.name}, {"object", "model"}, {"created", created}, {"owned_by", "kvpipe"},
-         {"root", model.name}, {"max_model_len", model.max_context}};
+         {"root", model.name}, {"max_model_len", model.max_model_len()}};
   return dump_json(json{{"object", "list"}, {"data", json::array({m})}});
 }
 

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -43,6 +44,14 @@ struct ServedModel {
   int64_t vocab_size = 0;
   int64_t max_context = 0;          // prompt + output tokens
   int64_t max_request_tokens = 0;   // prompt + max_tokens that the KV pool can hold
+
+  // The longest request (prompt + output) this model serves: the smaller of the two, as
+  // /v1/models' max_model_len says and the context-length refusals name.
+  int64_t max_model_len() const { return std::min(max_context, max_request_tokens); }
+  // What sets it: "cache.memory" (the KV pool) or "the model's context length".
+  std::string max_model_len_limit() const {
+    return max_request_tokens < max_context ? "cache.memory" : "the model's context length";
+  }
 };
 
 struct CompletionRequest {

@@ -209,6 +209,23 @@ class OneRankServer(unittest.TestCase):
         status, body = self.server.post("/tokenize", {"messages": [{"role": "user", "content": QUESTION}]})
         self.assertEqual(json.loads(body)["tokens"], ref_chat["ids"])
 
+    def test_advertised_context_is_the_one_served(self):
+        # The listening line's figure: here the KV pool (cache.memory), not SmolLM2's 8192-token
+        # context, sets it, and /v1/models, /tokenize and the refusal all say the same.
+        import re
+        limit = int(re.search(r"(\d+) tokens per request at most", self.server.log()).group(1))
+        self.assertLess(limit, 8192)
+        status, body = self.server.get("/v1/models")
+        self.assertEqual(json.loads(body)["data"][0]["max_model_len"], limit)
+        status, body = self.server.post("/tokenize", {"prompt": PROMPT})
+        self.assertEqual(json.loads(body)["max_model_len"], limit)
+        status, body = self.server.post("/v1/completions", {"prompt": [1] * limit, "max_tokens": 1})
+        self.assertEqual(status, 400, body)
+        self.assertIn(f"maximum context length is {limit} tokens (set by cache.memory)",
+                      json.loads(body)["error"]["message"])
+        status, body = self.server.post("/v1/completions", {"prompt": [1] * (limit - 2), "max_tokens": 1})
+        self.assertEqual(status, 200, body)
+
     def test_health_and_page(self):
         self.assertEqual(self.server.get("/health")[0], 200)
         status, page = self.server.get("/")

@@ -117,6 +117,23 @@ TEST_F(LaunchValidate, PrintsThePlanPerRank) {
   EXPECT_NE(r.out.find("at most 16384 concurrent tokens"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("weights"), std::string::npos);
   EXPECT_NE(r.out.find("KV"), std::string::npos);
+  // 16384 pool tokens hold a whole 2048-token context: the model's context sets the limit.
+  EXPECT_NE(r.out.find("plan: a request may hold at most 2048 tokens (prompt + output), set by the model's "
+                       "context length"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST_F(LaunchValidate, ThePlanSaysWhenTheKvPoolLimitsARequest) {
+  // 64 blocks of 16 tokens hold 1024 tokens, less than the model's 2048; a request may have one
+  // token more, its last output, which is never fed back and so never stored.
+  const CommandResult r =
+      kvpipe("validate --config configs/tiny-3rank.yaml --ranks 3 --set cache.memory=2MiB");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("64 blocks"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("plan: a request may hold at most 1025 tokens (prompt + output), set by cache.memory"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST_F(LaunchValidate, RankCountFromLauncherThenClusterThenOne) {

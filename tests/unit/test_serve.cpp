@@ -39,6 +39,36 @@ int status_of(const std::string& body, bool chat = false, std::string* param = n
   return 200;
 }
 
+TEST(ServeProtocol, TheAdvertisedContextIsTheOneServed) {
+  // The KV pool holds 48 tokens of one request, the model 64: 48 is what /v1/models says,
+  // what /tokenize says, and what a refusal names, with the key that sets it.
+  const ServedModel m = id_only_model();
+  EXPECT_EQ(json::parse(models_response(m, 0))["data"][0]["max_model_len"], 48);
+  std::vector<int64_t> prompt(48, 7);
+  try {
+    parse_completion_request(json{{"prompt", prompt}}.dump(), false, m, 5);
+    FAIL() << "a 48-token prompt leaves no room in 48 tokens";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_NE(std::string(e.what()).find("maximum context length is 48 tokens (set by cache.memory)"),
+              std::string::npos)
+        << e.what();
+  }
+  prompt.resize(40);
+  try {
+    parse_completion_request(json{{"prompt", prompt}, {"max_tokens", 9}}.dump(), false, m, 5);
+    FAIL() << "40 + 9 tokens exceed 48";
+  } catch (const ApiError& e) {
+    EXPECT_NE(std::string(e.what()).find("48 tokens (set by cache.memory). However, you requested 49 tokens"),
+              std::string::npos)
+        << e.what();
+  }
+  ServedModel roomy = m;
+  roomy.max_request_tokens = 1000;
+  EXPECT_EQ(json::parse(models_response(roomy, 0))["data"][0]["max_model_len"], 64);
+  EXPECT_EQ(roomy.max_model_len_limit(), "the model's context length");
+}
+
 TEST(ServeProtocol, CompletionDefaultsFollowOpenAI) {
   const CompletionRequest r = parse_completion_request(R"({"prompt": [1, 2, 3], "unknown_field": {"x": 1}})", false,
                                                        id_only_model(), 77);
