@@ -127,6 +127,7 @@ TEST_F(LaunchValidate, PrintsThePlanPerRank) {
 TEST_F(LaunchValidate, ThePlanSaysWhenTheKvPoolLimitsARequest) {
   // 64 blocks of 16 tokens hold 1024 tokens, less than the model's 2048; a request may have one
   // token more, its last output, which is never fed back and so never stored.
+  fs::create_directories(*dir_ / "out");
   const CommandResult r =
       kvpipe("validate --config configs/tiny-3rank.yaml --ranks 3 --set cache.memory=2MiB");
   ASSERT_EQ(r.code, 0) << r.err;
