@@ -1,5 +1,6 @@
 #include "engine/layers.h"
 
+#include "engine/model/model_config.h"
 #include "engine/model/weight_matrix.h"
 #include "engine/kernels/cpu/blas_gemm.h"
 
@@ -20,29 +21,33 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 RopeTables make_rope_tables(int64_t max_position, int64_t head_dim, double theta,
                             at::ScalarType dtype) {
-  std::vector<double> inv_freq(head_dim / 2);
-  for (int64_t i = 0; i < head_dim / 2; ++i)
-    inv_freq[i] = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
-  return make_rope_tables(max_position, inv_freq, dtype);
+  ModelConfig plain;
+  plain.head_dim = head_dim;
+  plain.rope_theta = theta;
+  return make_rope_tables(max_position, rope_inv_freq(plain), dtype);
 }
 
-RopeTables make_rope_tables(int64_t max_position, const std::vector<double>& inv_freq, at::ScalarType dtype) {
+RopeTables make_rope_tables(int64_t max_position, const std::vector<double>& inv_freq, at::ScalarType dtype,
+                            double attention_factor) {
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
   const at::Tensor inv = at::tensor(inv_freq, f64);
   const at::Tensor pos = at::arange(max_position, f64);
   const at::Tensor freqs = at::outer(pos, inv);
   const at::Tensor emb = at::cat({freqs, freqs}, -1);
-  return {emb.cos().to(dtype).contiguous(), emb.sin().to(dtype).contiguous()};
+  return {emb.cos().mul_(attention_factor).to(dtype).contiguous(),
+          emb.sin().mul_(attention_factor).to(dtype).contiguous()};
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& positions, const RopeTables& rope) {
-  const int64_t half = x.size(-1) / 2;
+  const int64_t rotated = rope.cos.size(-1), dim = x.size(-1);
+  const at::Tensor xr = rotated == dim ? x : x.narrow(-1, 0, rotated);
+  const int64_t half = rotated / 2;
   const at::Tensor cos = rope.cos.index_select(0, positions).unsqueeze(1);
   const at::Tensor sin = rope.sin.index_select(0, positions).unsqueeze(1);
-  const at::Tensor x1 = x.narrow(-1, 0, half);
-  const at::Tensor x2 = x.narrow(-1, half, half);
-  const at::Tensor rotated = at::cat({x2.neg(), x1}, -1);
-  return x * cos + rotated * sin;
+  const at::Tensor x1 = xr.narrow(-1, 0, half);
+  const at::Tensor x2 = xr.narrow(-1, half, half);
+  const at::Tensor out = xr * cos + at::cat({x2.neg(), x1}, -1) * sin;
+  return rotated == dim ? out : at::cat({out, x.narrow(-1, rotated, dim - rotated)}, -1);
 }
 
 at::Tensor dense(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {

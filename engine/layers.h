@@ -17,18 +17,22 @@ namespace kvpipe {
 // x [T, hidden] -> x / rms(x) * weight.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
-// cos and sin tables [max_position, head_dim] for RoPE in the rotate-half layout, computed
-// in float64 and stored as `dtype`.
+// cos and sin tables [max_position, rotated dims] for RoPE in the rotate-half layout,
+// computed in float64 (and multiplied by RoPE's attention factor, as transformers does for
+// yarn) and stored as `dtype`.
 struct RopeTables {
   at::Tensor cos;
   at::Tensor sin;
 };
+// Plain RoPE over all of head_dim with base `theta`.
 RopeTables make_rope_tables(int64_t max_position, int64_t head_dim, double theta,
                             at::ScalarType dtype);
 // The same for inverse frequencies given (rope_inv_freq: RoPE with the model's scaling).
-RopeTables make_rope_tables(int64_t max_position, const std::vector<double>& inv_freq, at::ScalarType dtype);
+RopeTables make_rope_tables(int64_t max_position, const std::vector<double>& inv_freq, at::ScalarType dtype,
+                            double attention_factor = 1.0);
 
-// x [T, heads, head_dim] rotated at `positions` (int64 [T]).
+// x [T, heads, head_dim] rotated at `positions` (int64 [T]). Tables narrower than head_dim
+// rotate its first dimensions and pass the others through (partial rotary embedding).
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& positions, const RopeTables& rope);
 
 // x [T, in] @ weight[out, in]^T (+ bias).

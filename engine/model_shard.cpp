@@ -13,7 +13,7 @@ ModelShard::ModelShard(ModelWeights weights, int64_t first_cached_layer)
   const ModelConfig& c = weights_.config;
   // In the compute dtype, as transformers casts cos and sin to the activations' dtype: a
   // float32 table would promote 16-bit queries and keys to float32.
-  rope_ = make_rope_tables(c.max_position, rope_inv_freq(c), weights_.dtype);
+  rope_ = make_rope_tables(c.max_position, rope_inv_freq(c), weights_.dtype, c.rope_scaling.attention_factor);
   if (!weights_.device.is_cpu()) rope_ = {rope_.cos.to(weights_.device), rope_.sin.to(weights_.device)};
   attention_path_ = attention_path_from_env();
 }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -602,33 +603,63 @@ ModelConfig gguf_config(const GgufFile& f) {
                                                   : (c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
   if (f.has(k + "attention.value_length") && f.get_int(k + "attention.value_length") != c.head_dim)
     fail(f.path(), "attention.value_length differs from key_length (not supported)");
-  if (f.has(k + "rope.dimension_count") && f.get_int(k + "rope.dimension_count") != c.head_dim)
-    fail(f.path(), k + "rope.dimension_count " + std::to_string(f.get_int(k + "rope.dimension_count")) +
-                       " differs from the head dimension " + std::to_string(c.head_dim) +
-                       " (partial rotary embedding is not supported)");
+  if (f.has(k + "rope.dimension_count") && f.get_int(k + "rope.dimension_count") != c.head_dim) {
+    // llama.cpp's converter permutes a llama head's rows for its interleaved rotation as a
+    // whole, so only the architectures that rotate halves (NeoX style) can rotate a part.
+    if (!supports_partial_rotary(c.architecture))
+      fail(f.path(), k + "rope.dimension_count " + std::to_string(f.get_int(k + "rope.dimension_count")) +
+                         " differs from the head dimension " + std::to_string(c.head_dim) +
+                         " (partial rotary embedding is not supported for " + arch + ")");
+    c.rotary_dim = f.get_int(k + "rope.dimension_count");
+  }
   c.rope_theta = f.has(k + "rope.freq_base") ? f.get_float(k + "rope.freq_base") : 10000.0;
   c.rms_eps = f.get_float(k + "attention.layer_norm_rms_epsilon");
-  // RoPE scaling as llama.cpp reads it: rope.scaling.type none or linear (with
-  // rope.scaling.factor, or the older rope.scale_linear), and for llama3 models the
-  // per-frequency divisors its converter writes as rope_freqs.weight. Other types (yarn,
-  // longrope) and their keys are refused by name.
+  // RoPE scaling as llama.cpp reads it: rope.scaling.type none, linear (with
+  // rope.scaling.factor, or the older rope.scale_linear) or yarn, rope.scaling.attn_factor on
+  // cos and sin, and for llama3 models the per-frequency divisors its converter writes as
+  // rope_freqs.weight. Other types (longrope) and keys that change the math otherwise are
+  // refused by name.
+  const auto number = [&](const std::string& key, double fallback) {
+    return f.has(k + key) ? f.get_float(k + key) : fallback;
+  };
   const std::string scaling = f.has(k + "rope.scaling.type") ? f.get_string(k + "rope.scaling.type") : "none";
-  if (scaling != "none" && scaling != "linear")
-    fail(f.path(), k + "rope.scaling.type '" + scaling + "' is not supported (none, linear)");
-  const double scale_linear = f.has(k + "rope.scale_linear") ? f.get_float(k + "rope.scale_linear") : 1.0;
-  if (scaling == "linear" || scale_linear != 1.0) {
-    c.rope_scaling.type = "linear";
-    c.rope_scaling.factor = f.has(k + "rope.scaling.factor") ? f.get_float(k + "rope.scaling.factor") : scale_linear;
+  if (scaling != "none" && scaling != "linear" && scaling != "yarn")
+    fail(f.path(), k + "rope.scaling.type '" + scaling + "' is not supported (none, linear, yarn)");
+  const double scale_linear = number("rope.scale_linear", 1.0);
+  RopeScaling& rs = c.rope_scaling;
+  if (scaling == "linear" || (scaling == "none" && scale_linear != 1.0)) {
+    rs.type = "linear";
+    rs.factor = number("rope.scaling.factor", scale_linear);
+  } else if (scaling == "yarn") {
+    // llama.cpp (llama_context's constructor): a factor of 0 means none; the attention factor
+    // is yarn's mscale, from yarn_log_multiplier when the file gives it (mscale_all_dim).
+    rs.type = "yarn";
+    rs.factor = number("rope.scaling.factor", 0.0);
+    if (rs.factor == 0) rs.factor = 1.0;
+    rs.original_max_position = f.has(k + "rope.scaling.original_context_length")
+                                   ? f.get_int(k + "rope.scaling.original_context_length")
+                                   : c.max_position;
+    rs.beta_fast = number("rope.scaling.yarn_beta_fast", 32.0);
+    rs.beta_slow = number("rope.scaling.yarn_beta_slow", 1.0);
+    const auto mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+    const double log_mul = number("rope.scaling.yarn_log_multiplier", 0.0);
+    rs.attention_factor = log_mul != 0 ? mscale(rs.factor, 1.0) / mscale(rs.factor, log_mul) : mscale(rs.factor, 1.0);
+    // llama.cpp's converter writes a config.json's explicit attention_factor here.
+    rs.attention_factor = number("rope.scaling.yarn_attn_factor", rs.attention_factor);
+    if (number("rope.scaling.yarn_ext_factor", 1.0) != 1.0)
+      fail(f.path(), k + "rope.scaling.yarn_ext_factor other than 1 is not supported");
   }
-  // llama.cpp multiplies attention scores by it; kvpipe does not.
-  if (f.has(k + "rope.scaling.attn_factor") && f.get_float(k + "rope.scaling.attn_factor") != 1.0)
-    fail(f.path(), k + "rope.scaling.attn_factor other than 1 is not supported");
+  // yarn's keys change nothing in llama.cpp when another type is set, so they are not refused.
+  if (f.has(k + "rope.scaling.alpha") && f.get_float(k + "rope.scaling.alpha") != 0.0)
+    fail(f.path(), k + "rope.scaling.alpha is not supported");
+  // llama.cpp multiplies cos and sin by it, whatever the scaling type.
+  rs.attention_factor *= number("rope.scaling.attn_factor", 1.0);
   if (f.contains("rope_freqs.weight")) {
     int64_t count = 1;
     for (const int64_t n : f.tensor("rope_freqs.weight").ne) count *= n;
-    if (count != c.head_dim / 2)
-      fail(f.path(), "rope_freqs.weight holds " + std::to_string(count) + " factors, not head_dim / 2 = " +
-                         std::to_string(c.head_dim / 2));
+    if (count != c.rope_dim() / 2)
+      fail(f.path(), "rope_freqs.weight holds " + std::to_string(count) + " factors, not one per rotated pair (" +
+                         std::to_string(c.rope_dim() / 2) + ")");
     const at::Tensor factors = f.load("rope_freqs.weight").to(at::kDouble).flatten().contiguous();
     c.rope_scaling.freq_factors.assign(factors.data_ptr<double>(), factors.data_ptr<double>() + factors.numel());
   }
@@ -654,6 +685,13 @@ ModelConfig gguf_config(const GgufFile& f) {
       {"rope_theta", k + "rope.freq_base"},
       {"rope_type", k + "rope.scaling.type"},
       {"factor", f.has(k + "rope.scaling.factor") ? k + "rope.scaling.factor" : k + "rope.scale_linear"},
+      {"original_max_position_embeddings", f.has(k + "rope.scaling.original_context_length")
+                                               ? k + "rope.scaling.original_context_length"
+                                               : k + "context_length"},
+      {"beta_fast", k + "rope.scaling.yarn_beta_fast"},
+      {"beta_slow", k + "rope.scaling.yarn_beta_slow"},
+      {"attention_factor", k + "rope.scaling.attn_factor"},
+      {"partial_rotary_factor", k + "rope.dimension_count"},
       {"rope_freqs", "rope_freqs.weight"},
       {"rms_norm_eps", k + "attention.layer_norm_rms_epsilon"},
       {"eos_token_id", "tokenizer.ggml.eos_token_id"}};
@@ -727,17 +765,30 @@ void write_gguf_file(const std::string& path, const ModelConfig& cfg,
   w.add_u32(k + "attention.head_count_kv", cfg.num_kv_heads);
   w.add_u32(k + "attention.key_length", cfg.head_dim);
   w.add_u32(k + "attention.value_length", cfg.head_dim);
-  w.add_u32(k + "rope.dimension_count", cfg.head_dim);
+  w.add_u32(k + "rope.dimension_count", cfg.rope_dim());
   w.add_f32(k + "rope.freq_base", static_cast<float>(cfg.rope_theta));
   w.add_f32(k + "attention.layer_norm_rms_epsilon", static_cast<float>(cfg.rms_eps));
 
-  // RoPE scaling as llama.cpp's converter writes it: linear as metadata, llama3 as the
-  // per-frequency divisors (rope_freqs.weight), which llama.cpp applies to any model.
+  // RoPE scaling as llama.cpp's converter writes it: linear and yarn as metadata, llama3 as
+  // the per-frequency divisors (rope_freqs.weight), which llama.cpp applies to any model.
   const RopeScaling& rs = cfg.rope_scaling;
+  double attn_factor = rs.attention_factor;
   if (rs.type == "linear") {
     w.add_string(k + "rope.scaling.type", "linear");
     w.add_f32(k + "rope.scaling.factor", static_cast<float>(rs.factor));
+  } else if (rs.type == "yarn") {
+    if (!rs.truncate) throw std::invalid_argument(path + ": yarn without truncation has no GGUF form");
+    w.add_string(k + "rope.scaling.type", "yarn");
+    w.add_f32(k + "rope.scaling.factor", static_cast<float>(rs.factor));
+    w.add_u32(k + "rope.scaling.original_context_length", rs.original_max_position);
+    w.add_f32(k + "rope.scaling.yarn_beta_fast", static_cast<float>(rs.beta_fast));
+    w.add_f32(k + "rope.scaling.yarn_beta_slow", static_cast<float>(rs.beta_slow));
+    // llama.cpp applies yarn's own mscale; attn_factor carries the rest.
+    if (rs.factor > 1) attn_factor /= 0.1 * std::log(rs.factor) + 1.0;
+  } else if (rs.type == "dynamic") {
+    throw std::invalid_argument(path + ": RoPE type dynamic has no GGUF form");
   }
+  if (attn_factor != 1.0) w.add_f32(k + "rope.scaling.attn_factor", static_cast<float>(attn_factor));
   add_tokenizer(w);
   if (rs.type == "llama3" || !rs.freq_factors.empty()) {
     ModelConfig plain = cfg;

@@ -15,9 +15,22 @@
 #include <stdexcept>
 
 namespace kvpipe {
+
+bool supports_partial_rotary(const std::string& architecture) {
+  // transformers' Llama, Mistral and Qwen2 rotate every dimension of a head (their cos and
+  // sin must span it); the architectures that rotate a part name themselves here.
+  (void)architecture;
+  return false;
+}
+
 namespace {
 
 using nlohmann::json;
+
+constexpr const char* kSupportedRopeTypes = "default, linear, dynamic, yarn, llama3";
+bool is_supported_rope_type(const std::string& type) {
+  return type == "default" || type == "linear" || type == "dynamic" || type == "yarn" || type == "llama3";
+}
 
 [[noreturn]] void fail(const std::string& source, const std::string& what) {
   std::string message = source + ": " + what;
@@ -118,8 +131,8 @@ void ModelConfig::validate(const std::string& source,
   if (!(std::isfinite(rms_eps) && rms_eps > 0))
     fail(source, key("rms_norm_eps") + " must be a finite positive number, got " + std::to_string(rms_eps));
   const RopeScaling& rs = rope_scaling;
-  if (rs.type != "default" && rs.type != "linear" && rs.type != "llama3")
-    fail(source, key("rope_type") + " '" + rs.type + "' is not supported (default, linear, llama3)");
+  if (!is_supported_rope_type(rs.type))
+    fail(source, key("rope_type") + " '" + rs.type + "' is not supported (" + kSupportedRopeTypes + ")");
   if (rs.type != "default" && !(std::isfinite(rs.factor) && rs.factor > 0))
     fail(source, key("factor") + " must be a finite positive number, got " + std::to_string(rs.factor));
   if (rs.type == "llama3") {
@@ -128,14 +141,26 @@ void ModelConfig::validate(const std::string& source,
       fail(source, key("low_freq_factor") + " and " + key("high_freq_factor") +
                        " must be finite with 0 < low_freq_factor < high_freq_factor, got " +
                        std::to_string(rs.low_freq_factor) + " and " + std::to_string(rs.high_freq_factor));
+  }
+  if (rs.type == "llama3" || rs.type == "yarn") {
     if (rs.original_max_position <= 0 || rs.original_max_position > kMaxModelPositions)
       fail(source, key("original_max_position_embeddings") + " must be in 1.." + std::to_string(kMaxModelPositions) +
                        ", got " + std::to_string(rs.original_max_position));
   }
+  if (rs.type == "yarn" && !(std::isfinite(rs.beta_fast) && std::isfinite(rs.beta_slow) && rs.beta_fast > 0 &&
+                             rs.beta_slow > 0))
+    fail(source, key("beta_fast") + " and " + key("beta_slow") + " must be finite positive numbers, got " +
+                     std::to_string(rs.beta_fast) + " and " + std::to_string(rs.beta_slow));
+  if (!(std::isfinite(rs.attention_factor) && rs.attention_factor > 0))
+    fail(source, key("attention_factor") + " must be a finite positive number, got " +
+                     std::to_string(rs.attention_factor));
+  if (rotary_dim != 0 && (rotary_dim < 2 || rotary_dim > head_dim || rotary_dim % 2 != 0))
+    fail(source, key("partial_rotary_factor") + " gives " + std::to_string(rotary_dim) +
+                     " rotated dimensions of " + std::to_string(head_dim) + "; they must be even and at least 2");
   if (!rs.freq_factors.empty()) {
-    if (static_cast<int64_t>(rs.freq_factors.size()) != head_dim / 2)
-      fail(source, key("rope_freqs") + " holds " + std::to_string(rs.freq_factors.size()) + " factors, not head_dim / 2 = " +
-                       std::to_string(head_dim / 2));
+    if (static_cast<int64_t>(rs.freq_factors.size()) != rope_dim() / 2)
+      fail(source, key("rope_freqs") + " holds " + std::to_string(rs.freq_factors.size()) +
+                       " factors, not one per rotated pair (" + std::to_string(rope_dim() / 2) + ")");
     for (double f : rs.freq_factors)
       if (!(std::isfinite(f) && f > 0))
         fail(source, key("rope_freqs") + " must hold finite positive factors, got " + std::to_string(f));
@@ -170,48 +195,91 @@ int64_t ModelConfig::total_params() const {
 
 namespace {
 
-// RoPE from transformers 5's `rope_parameters` (theta and scaling in one object) or, for
-// files written before it, from `rope_theta` and `rope_scaling`. Every key of the object must
-// be one kvpipe applies: a key it does not know may change the math, so it is refused by name.
+// yarn's attention factor from mscale and mscale_all_dim, as transformers' get_mscale.
+double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+
+// RoPE from transformers 5's `rope_parameters` (theta, scaling and partial_rotary_factor in
+// one object) or, for files written before it, from `rope_theta`, `rope_scaling` and a top-level
+// `partial_rotary_factor`. Every key of the object must be one kvpipe applies: a key it does
+// not know may change the math, so it is refused by name. Defaults are transformers'.
 void read_rope(const json& j, const std::string& path, ModelConfig& c) {
   const json* params = find(j, "rope_parameters");
   const char* object_key = params != nullptr ? "rope_parameters" : "rope_scaling";
   const json* rs = params != nullptr ? params : find(j, "rope_scaling");
   c.rope_theta = get_number(j, "rope_theta", 10000.0, path);
-  if (rs == nullptr) return;
-  if (!rs->is_object()) wrong_type(path, object_key, "an object or null", *rs);
-  const std::string src = path + ": '" + object_key + "'";
-  if (params != nullptr) c.rope_theta = get_number(*rs, "rope_theta", c.rope_theta, src);
-  RopeScaling& s = c.rope_scaling;
-  s.type = get_string(*rs, "rope_type", get_string(*rs, "type", "default", src), src);
-  if (s.type != "default" && s.type != "linear" && s.type != "llama3")
-    fail(path, "unsupported '" + std::string(object_key) + "' type '" + s.type +
-                   "' (supported: default, linear, llama3)");
-  std::vector<std::string> known = {"rope_type", "type", "rope_theta"};
-  if (s.type != "default") {
-    s.factor = get_number(*rs, "factor", 1.0, src);
-    known.push_back("factor");
+  double partial = get_number(j, "partial_rotary_factor", 1.0, path);
+  const char* partial_key = "partial_rotary_factor";
+  if (rs != nullptr) {
+    if (!rs->is_object()) wrong_type(path, object_key, "an object or null", *rs);
+    const std::string src = path + ": '" + object_key + "'";
+    if (params != nullptr) c.rope_theta = get_number(*rs, "rope_theta", c.rope_theta, src);
+    RopeScaling& s = c.rope_scaling;
+    s.type = get_string(*rs, "rope_type", get_string(*rs, "type", "default", src), src);
+    if (!is_supported_rope_type(s.type))
+      fail(path, "unsupported '" + std::string(object_key) + "' type '" + s.type + "' (supported: " +
+                     kSupportedRopeTypes + ")");
+    std::vector<std::string> known = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
+    if (find(*rs, "partial_rotary_factor") != nullptr) {
+      partial = get_number(*rs, "partial_rotary_factor", 1.0, src);
+      partial_key = "rope_parameters.partial_rotary_factor";
+    }
+    if (s.type == "linear" || s.type == "dynamic" || s.type == "llama3") {
+      s.factor = get_number(*rs, "factor", 1.0, src);
+      known.push_back("factor");
+    }
+    if (s.type == "llama3") {
+      s.low_freq_factor = get_number(*rs, "low_freq_factor", 1.0, src);
+      s.high_freq_factor = get_number(*rs, "high_freq_factor", 4.0, src);
+      s.original_max_position = get_int(*rs, "original_max_position_embeddings", src);
+      known.insert(known.end(), {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+    }
+    if (s.type == "yarn") {
+      s.original_max_position = get_int(*rs, "original_max_position_embeddings", src);
+      // transformers: a missing factor is the ratio of the two contexts; 0 or a missing beta
+      // takes the paper's default.
+      const json* factor = find(*rs, "factor");
+      s.factor = factor != nullptr && !factor->is_null()
+                     ? get_number(*rs, "factor", 1.0, src)
+                     : static_cast<double>(c.max_position) / static_cast<double>(s.original_max_position);
+      const double beta_fast = get_number(*rs, "beta_fast", 0.0, src), beta_slow = get_number(*rs, "beta_slow", 0.0, src);
+      s.beta_fast = beta_fast != 0 ? beta_fast : 32.0;
+      s.beta_slow = beta_slow != 0 ? beta_slow : 1.0;
+      s.truncate = get_bool(*rs, "truncate", true, src);
+      const double mscale = get_number(*rs, "mscale", 0.0, src), mscale_all = get_number(*rs, "mscale_all_dim", 0.0, src);
+      const json* attention = find(*rs, "attention_factor");
+      if (attention != nullptr && !attention->is_null())
+        s.attention_factor = get_number(*rs, "attention_factor", 1.0, src);
+      else if (mscale != 0 && mscale_all != 0)
+        s.attention_factor = yarn_mscale(s.factor, mscale) / yarn_mscale(s.factor, mscale_all);
+      else
+        s.attention_factor = yarn_mscale(s.factor, 1.0);
+      known.insert(known.end(), {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate",
+                                 "mscale", "mscale_all_dim", "attention_factor"});
+    }
+    for (const auto& [name, value] : rs->items())
+      if (std::find(known.begin(), known.end(), name) == known.end() && !value.is_null())
+        fail(path, "'" + std::string(object_key) + "': key '" + name + "' is not supported for RoPE type '" + s.type +
+                       "'");
   }
-  if (s.type == "llama3") {
-    s.low_freq_factor = get_number(*rs, "low_freq_factor", 1.0, src);
-    s.high_freq_factor = get_number(*rs, "high_freq_factor", 4.0, src);
-    s.original_max_position = get_int(*rs, "original_max_position_embeddings", src);
-    known.insert(known.end(), {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+  if (partial != 1.0) {
+    if (!(std::isfinite(partial) && partial > 0 && partial < 1))
+      fail(path, "'" + std::string(partial_key) + "' must be in (0, 1], got " + std::to_string(partial));
+    if (!supports_partial_rotary(c.architecture))
+      fail(path, "'" + std::string(partial_key) + "' other than 1 is not supported for " + c.architecture +
+                     " (transformers rotates every dimension of its heads)");
+    // transformers: int(head_dim * partial_rotary_factor).
+    c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
   }
-  for (const auto& [name, value] : rs->items())
-    if (std::find(known.begin(), known.end(), name) == known.end() && !value.is_null())
-      fail(path, "'" + std::string(object_key) + "': key '" + name + "' is not supported for RoPE type '" + s.type +
-                     "'");
 }
 
 }  // namespace
 
 std::vector<double> rope_inv_freq(const ModelConfig& c) {
   const RopeScaling& rs = c.rope_scaling;
-  const int64_t half = c.head_dim / 2;
+  const int64_t dim = c.rope_dim(), half = dim / 2;
   std::vector<double> inv(half);
   for (int64_t i = 0; i < half; ++i)
-    inv[i] = 1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(c.head_dim));
+    inv[i] = 1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(dim));
   if (rs.type == "linear") {
     for (double& f : inv) f /= rs.factor;
   } else if (rs.type == "llama3") {
@@ -229,7 +297,27 @@ std::vector<double> rope_inv_freq(const ModelConfig& c) {
         f = (1.0 - smooth) * f / rs.factor + smooth * f;
       }
     }
+  } else if (rs.type == "yarn") {
+    // transformers' _compute_yarn_parameters (and llama.cpp's ggml_rope_yarn_corr_dims): pairs
+    // that turn fewer than beta_slow times over the original context are interpolated, more
+    // than beta_fast times kept, and a linear ramp over the pair index blends those between.
+    const double base = c.rope_theta, orig = static_cast<double>(rs.original_max_position);
+    const auto correction_dim = [&](double rotations) {
+      return static_cast<double>(dim) * std::log(orig / (rotations * 2.0 * M_PI)) / (2.0 * std::log(base));
+    };
+    double low = correction_dim(rs.beta_fast), high = correction_dim(rs.beta_slow);
+    if (rs.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0);
+    high = std::min(high, static_cast<double>(dim - 1));
+    if (low == high) high += 0.001;  // as transformers: no division by zero
+    for (int64_t i = 0; i < half; ++i) {
+      const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+      const double extrapolation = 1.0 - ramp;
+      inv[i] = inv[i] / rs.factor * (1.0 - extrapolation) + inv[i] * extrapolation;
+    }
   }
+  // dynamic: transformers rescales only once a sequence passes max_position_embeddings, the
+  // longest sequence kvpipe serves, so its frequencies are the default ones.
   if (static_cast<int64_t>(rs.freq_factors.size()) == half)
     for (int64_t i = 0; i < half; ++i) inv[i] /= rs.freq_factors[i];
   return inv;
@@ -286,8 +374,6 @@ ModelConfig load_hf_config(const std::string& dir) {
   const std::string act = get_string(j, "hidden_act", "silu", path);
   if (act != "silu") fail(path, "unsupported 'hidden_act' '" + act + "' (only silu)");
   read_rope(j, path, c);
-  if (get_number(j, "partial_rotary_factor", 1.0, path) != 1.0)
-    fail(path, "'partial_rotary_factor' other than 1 is not supported");
   // A sliding window changes attention only past its length: cap the context there instead
   // of running longer sequences with the wrong mask.
   const bool qwen_window = c.architecture == "Qwen2ForCausalLM" && get_bool(j, "use_sliding_window", false, path);
@@ -310,6 +396,34 @@ ModelConfig load_hf_config(const std::string& dir) {
   return c;
 }
 
+namespace {
+
+json hf_rope_parameters(const ModelConfig& c) {
+  const RopeScaling& rs = c.rope_scaling;
+  if (!rs.freq_factors.empty())
+    throw std::invalid_argument("per-frequency RoPE divisors (rope_freqs.weight) have no config.json form");
+  json p = {{"rope_type", rs.type}, {"rope_theta", c.rope_theta}};
+  if (rs.type != "default") p["factor"] = rs.factor;
+  if (rs.type == "llama3") {
+    p["low_freq_factor"] = rs.low_freq_factor;
+    p["high_freq_factor"] = rs.high_freq_factor;
+  }
+  if (rs.type == "llama3" || rs.type == "yarn") p["original_max_position_embeddings"] = rs.original_max_position;
+  if (rs.type == "yarn") {
+    p["beta_fast"] = rs.beta_fast;
+    p["beta_slow"] = rs.beta_slow;
+    p["truncate"] = rs.truncate;
+    p["attention_factor"] = rs.attention_factor;
+  } else if (rs.attention_factor != 1.0) {
+    throw std::invalid_argument("a RoPE attention factor needs RoPE type yarn in config.json");
+  }
+  if (c.rotary_dim > 0 && c.rotary_dim != c.head_dim)
+    p["partial_rotary_factor"] = static_cast<double>(c.rotary_dim) / static_cast<double>(c.head_dim);
+  return p;
+}
+
+}  // namespace
+
 void write_hf_config(const ModelConfig& c, const std::string& dir, const std::string& torch_dtype) {
   json j;
   j["architectures"] = {c.architecture};
@@ -322,11 +436,11 @@ void write_hf_config(const ModelConfig& c, const std::string& dir, const std::st
   j["head_dim"] = c.head_dim;
   j["intermediate_size"] = c.intermediate_size;
   j["max_position_embeddings"] = c.max_position;
-  j["rope_theta"] = c.rope_theta;
   j["rms_norm_eps"] = c.rms_eps;
   j["tie_word_embeddings"] = c.tie_embeddings;
   j["hidden_act"] = "silu";
-  j["rope_scaling"] = nullptr;
+  // transformers 5's layout: theta and scaling in one object.
+  j["rope_parameters"] = hf_rope_parameters(c);
   j["torch_dtype"] = torch_dtype;
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];

@@ -35,14 +35,21 @@ inline constexpr int64_t kMaxModelParams = int64_t{1} << 48;
 inline constexpr uint64_t kMaxConfigJsonBytes = uint64_t{16} << 20;
 
 // How RoPE's inverse frequencies are scaled: transformers' rope types (llama3: Llama 3.1 and
-// 3.2's long-context scaling; linear: position interpolation), and GGUF's per-frequency
-// divisors (rope_freqs.weight, which llama.cpp's converter writes for llama3 models).
+// 3.2's long-context scaling; linear: position interpolation; yarn: NTK-by-parts interpolation
+// with its attention factor; dynamic: NTK scaling that transformers applies only past
+// max_position_embeddings, which kvpipe never serves, so within the context it is the default),
+// and GGUF's per-frequency divisors (rope_freqs.weight, which llama.cpp's converter writes for
+// llama3 models).
 struct RopeScaling {
-  std::string type = "default";         // default | linear | llama3
-  double factor = 1.0;                  // linear, llama3
+  std::string type = "default";         // default | linear | dynamic | yarn | llama3
+  double factor = 1.0;                  // linear, dynamic, yarn, llama3
   double low_freq_factor = 1.0;         // llama3
   double high_freq_factor = 4.0;        // llama3
-  int64_t original_max_position = 0;    // llama3: original_max_position_embeddings
+  int64_t original_max_position = 0;    // llama3, yarn: original_max_position_embeddings
+  double beta_fast = 32.0;              // yarn: rotations where extrapolation ends
+  double beta_slow = 1.0;               // yarn: rotations where interpolation begins
+  bool truncate = true;                 // yarn: the ramp's ends rounded to whole dimensions
+  double attention_factor = 1.0;        // cos and sin are multiplied by it (yarn's mscale)
   std::vector<double> freq_factors;     // GGUF: inverse frequency i is divided by [i]
 };
 
@@ -58,11 +65,16 @@ struct ModelConfig {
   int64_t max_position = 2048;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
+  // Dimensions of each head that RoPE rotates, the first ones (partial_rotary_factor,
+  // rope.dimension_count); 0 means all of them. The rest pass through unrotated.
+  int64_t rotary_dim = 0;
   double rms_eps = 1e-6;
   bool tie_embeddings = false;
   bool qkv_bias = false;           // Qwen2
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1;
+
+  int64_t rope_dim() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
 
   // Checks internal consistency (sizes positive and within the bounds above, heads
   // divisible by kv heads, finite positive rope_theta and rms_norm_eps, ...); `source` names
@@ -81,11 +93,14 @@ struct ModelConfig {
   }
 };
 
-// RoPE's inverse frequencies for `cfg`, in float64 [head_dim / 2]: theta^(-2i / head_dim),
+// RoPE's inverse frequencies for `cfg`, in float64 [rope_dim / 2]: theta^(-2i / rope_dim),
 // scaled as `cfg.rope_scaling` says (transformers' rope init functions: linear divides every
-// frequency by `factor`; llama3 divides the low frequencies by it, keeps the high ones and
-// blends those between; GGUF's freq_factors divide each on top).
+// frequency by `factor`; llama3 and yarn divide the low frequencies by it, keep the high ones
+// and blend those between; GGUF's freq_factors divide each on top).
 std::vector<double> rope_inv_freq(const ModelConfig& cfg);
+
+// Whether `architecture` (an HF class name) can rotate only the first dimensions of a head.
+bool supports_partial_rotary(const std::string& architecture);
 
 // Reads `dir`/config.json.
 ModelConfig load_hf_config(const std::string& dir);

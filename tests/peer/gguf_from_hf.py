@@ -2,8 +2,9 @@
 `gguf` package, llama.cpp's own writer, following llama.cpp's convert_hf_to_gguf.py: llama.cpp's
 tensor-name map, q/k rows permuted per head for the llama architecture (not for qwen2), the
 embedding reused as the LM head when the model ties them, RoPE from `rope_parameters`
-(transformers 5) or `rope_theta` + `rope_scaling` (earlier), linear scaling as metadata and
-llama3 scaling as the rope_freqs.weight divisors its LlamaModel.generate_extra_tensors writes.
+(transformers 5) or `rope_theta` + `rope_scaling` (earlier), linear and yarn scaling as
+metadata (TextModel.set_gguf_parameters) and llama3 scaling as the rope_freqs.weight divisors
+its LlamaModel.generate_extra_tensors writes.
 F32 and F16 tensors are kept as they are; BF16 is written as F32.
 
     python tests/peer/gguf_from_hf.py --model DIR --out FILE.gguf [--placeholder-vocab]
@@ -79,6 +80,16 @@ def main() -> int:
             else:
                 smooth = (old_len / wavelen - low) / (high - low)
                 rope_freqs.append(1 / ((1 - smooth) / factor + smooth))
+    elif rope_type == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        if rope.get("attention_factor") is not None:
+            writer.add_rope_scaling_yarn_attn_factor(rope["attention_factor"])
+        if rope.get("beta_fast") is not None:
+            writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        if rope.get("beta_slow") is not None:
+            writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
     elif rope_type != "default":
         print(f"gguf_from_hf: RoPE type {rope_type} is not written here", file=sys.stderr)
         return 2

@@ -6,8 +6,9 @@
 // as GGUF by the `gguf` package (llama.cpp's own writer) must match the HF twin as well.
 // Models made and saved by transformers itself check RoPE as config.json defines it today
 // (`rope_parameters`) and before transformers 5 (`rope_theta` + `rope_scaling`): plain with
-// another theta, llama3 (Llama 3.1/3.2) and linear scaling, over prompts longer than the
-// original context; llama3's GGUF twin carries rope_freqs.weight, which llama.cpp applies too.
+// another theta, llama3 (Llama 3.1/3.2), yarn and linear scaling, over prompts longer than the
+// original context, and dynamic scaling up to the end of the context; llama3's GGUF twin
+// carries rope_freqs.weight and yarn's its rope.scaling.* keys, which llama.cpp applies too.
 #include "tests/support/command.h"
 #include "tests/support/logprob_compare.h"
 
@@ -67,11 +68,12 @@ class TransformersParity : public ::testing::Test {
 
   // A random Llama made and saved by transformers (tests/peer/hf_save_random.py) with the
   // rope_parameters object `rope`; `legacy` rewrites its config.json in the pre-5 layout.
-  void save_with_transformers(const std::string& rope, bool legacy) {
+  void save_with_transformers(const std::string& rope, bool legacy, int max_position = 256) {
     prompt_ = long_prompt();
     const CommandResult r = run_command(python("hf_save_random.py", "--out " + (dir_ / "model_hf").string() +
                                                                         " --rope '{" + rope + "}'" +
-                                                                        (legacy ? " --legacy" : "")),
+                                                                        (legacy ? " --legacy" : "") +
+                                                                        " --max-position " + std::to_string(max_position)),
                                         dir_);
     ASSERT_TRUE(reference_ran(r, "transformers (save_pretrained)"));
     kvpipe::testing::write_greedy_job(dir_, (dir_ / "model_hf").string(), prompt_, kSteps);
@@ -177,6 +179,20 @@ TEST_F(TransformersParity, Llama3RopeScalingPreTransformers5Layout) {
 TEST_F(TransformersParity, LinearRopeScaling) {
   save_with_transformers(R"("rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0)", false);
   check_all("linear rope", true);
+}
+
+TEST_F(TransformersParity, YarnRopeScaling) {
+  save_with_transformers(R"("rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, )"
+                         R"("original_max_position_embeddings": 32)",
+                         false);
+  check_all("yarn rope", true, true);
+}
+
+TEST_F(TransformersParity, DynamicRopeUpToTheEndOfTheContext) {
+  // 48 prompt tokens and 24 steps fill 72 of the 80 positions: transformers' dynamic NTK
+  // changes nothing until a sequence passes them, and kvpipe serves no longer one.
+  save_with_transformers(R"("rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0)", false, 80);
+  check_all("dynamic rope", false);
 }
 
 }  // namespace

@@ -252,8 +252,11 @@ TEST_F(CliTest, BadModelDirectories) {
   const std::string arch = "LlamaForCausalLM";
   std::ofstream(m / "config.json") << std::string(cfg).replace(cfg.find(arch), arch.size(), "GPT2LMHeadModel");
   expect_bad_input(kvpipe("generate --config " + write_job(m.string()).string()), {"config.json", "GPT2LMHeadModel"});
-  std::ofstream(m / "config.json") << std::string(cfg).replace(cfg.find("null"), 4, "{\"type\": \"yarn\", \"factor\": 4.0}");
-  expect_bad_input(kvpipe("generate --config " + write_job(m.string()).string()), {"rope_scaling", "yarn"});
+  const std::string rope_type = "\"rope_type\": \"default\"";
+  ASSERT_NE(cfg.find(rope_type), std::string::npos) << cfg;
+  std::ofstream(m / "config.json") << std::string(cfg).replace(cfg.find(rope_type), rope_type.size(),
+                                                               "\"rope_type\": \"longrope\"");
+  expect_bad_input(kvpipe("generate --config " + write_job(m.string()).string()), {"rope_parameters", "longrope"});
   std::ofstream(m / "config.json") << "{ not json";
   expect_bad_input(kvpipe("generate --config " + write_job(m.string()).string()), {"config.json"});
 }

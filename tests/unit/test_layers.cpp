@@ -141,6 +141,28 @@ TEST_P(LayersRope, position_zero_is_identity) {
   EXPECT_TRUE(at::equal(y, x));
 }
 
+TEST_P(LayersRope, partial_tables_rotate_the_first_dimensions_and_scale_them) {
+  // Phi-3's partial_rotary_factor: the first `rotated` dimensions of a head turn as a head of
+  // that size would, the rest pass through; yarn's attention factor multiplies cos and sin.
+  const double theta = GetParam(), factor = 1.25;
+  const int64_t T = 4, heads = 3, d = 12, rotated = 8;
+  const std::vector<int64_t> positions = {0, 1, 7, 100};
+  const std::vector<float> x = random_floats(T * heads * d, 24);
+  std::vector<double> inv_freq(rotated / 2);
+  for (int64_t j = 0; j < rotated / 2; ++j) inv_freq[j] = std::pow(theta, -2.0 * j / rotated);
+  const RopeTables rope = make_rope_tables(128, inv_freq, at::kFloat, factor);
+  ASSERT_EQ(rope.cos.sizes(), at::IntArrayRef({128, rotated}));
+  const std::vector<double> y =
+      to_doubles(apply_rope(to_tensor(x, {T, heads, d}), at::tensor(positions, at::kLong), rope));
+  std::vector<float> head_part;
+  for (int64_t v = 0; v < T * heads; ++v) head_part.insert(head_part.end(), x.begin() + v * d, x.begin() + v * d + rotated);
+  const std::vector<double> want = rope_reference(head_part, positions, heads, rotated, theta);
+  for (int64_t v = 0; v < T * heads; ++v) {
+    for (int64_t j = 0; j < rotated; ++j) EXPECT_NEAR(y[v * d + j], factor * want[v * rotated + j], 1e-5) << v << "," << j;
+    for (int64_t j = rotated; j < d; ++j) EXPECT_EQ(y[v * d + j], x[v * d + j]) << v << "," << j;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(LayersThetas, LayersRope, ::testing::Values(10000.0, 500000.0),
                          [](const ::testing::TestParamInfo<double>& info) {
                            return "theta_" + std::to_string(static_cast<int64_t>(info.param));
