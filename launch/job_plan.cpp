@@ -134,13 +134,21 @@ int64_t gpu_memory_per_rank(const JobConfig& job) {
 
 }  // namespace
 
+namespace {
+
+// The loader names the model file; the job file adds which key pointed there.
+[[noreturn]] void refuse_model(const JobConfig& job, const std::invalid_argument& e) {
+  const auto it = job.where.find("model.path");
+  throw std::invalid_argument((it == job.where.end() ? job.source : it->second) + ": model.path: " + e.what());
+}
+
+}  // namespace
+
 ModelConfig load_job_model_config(const JobConfig& job) {
   try {
     return load_model_config(job.model.path);
   } catch (const std::invalid_argument& e) {
-    // The loader names the model file; the job file adds which key pointed there.
-    const auto it = job.where.find("model.path");
-    throw std::invalid_argument((it == job.where.end() ? job.source : it->second) + ": model.path: " + e.what());
+    refuse_model(job, e);
   }
 }
 
@@ -156,6 +164,13 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
                                 std::to_string(cores) + " CPUs of this machine (at most " +
                                 std::to_string(4 * cores) + ")");
   plan.model = load_job_model_config(job);
+  // Every tensor the ranks will load, from the file's index: a file the load would refuse is
+  // refused here, by validate as by generate, before any rank reads a weight.
+  try {
+    check_model_tensors(job.model.path, plan.model);
+  } catch (const std::invalid_argument& e) {
+    refuse_model(job, e);
+  }
   plan.device_type = resolve_device_type(job);
   plan.device_memory_bytes = plan.device_type == at::kCUDA ? gpu_memory_per_rank(job) : host_memory_bytes();
   // A GPU job planned where there is no GPU (validate on a login node) needs a size.

@@ -592,6 +592,11 @@ ModelConfig gguf_config(const GgufFile& f) {
     fail(f.path(), "general.architecture '" + arch + "' is not supported (llama, qwen2)");
   }
   const std::string k = arch + ".";
+  // llama.cpp writes Mixtral-style models as llama with experts, whose feed-forward tensors
+  // kvpipe has no place for.
+  if (f.has(k + "expert_count") && f.get_int(k + "expert_count") > 0)
+    fail(f.path(), k + "expert_count " + std::to_string(f.get_int(k + "expert_count")) +
+                       ": mixture-of-experts models are not supported");
   c.max_position = f.get_int(k + "context_length");
   c.hidden_size = f.get_int(k + "embedding_length");
   c.num_layers = f.get_int(k + "block_count");
@@ -719,6 +724,10 @@ std::string checked_tensor_name(const GgufFile& file, const std::string& hf_name
 }
 
 }  // namespace
+
+void check_gguf_tensor(const GgufFile& file, const std::string& hf_name, const std::vector<int64_t>& expected) {
+  file.check_loadable(checked_tensor_name(file, hf_name, expected));
+}
 
 WeightMatrix load_gguf_matrix(const GgufFile& file, const ModelConfig& cfg, const std::string& hf_name,
                               const std::vector<int64_t>& expected) {

@@ -95,6 +95,8 @@ class GgufFile {
   at::Tensor load(const std::string& name) const;
   // A 2-D tensor as stored: float rows as a float tensor, blocks as they are in the file.
   WeightMatrix load_matrix(const std::string& name) const;
+  // Refuses, as load and load_matrix would, a tensor of a type kvpipe cannot compute with.
+  void check_loadable(const std::string& name) const { stored_type(tensor(name)); }
 
  private:
   std::string path_;
@@ -162,6 +164,11 @@ at::Tensor gguf_unpermute_rows(const at::Tensor& w, int64_t heads);
 // llama); its shape must be `expected`.
 at::Tensor load_gguf_tensor(const GgufFile& file, const ModelConfig& cfg, const std::string& hf_name,
                             const std::vector<int64_t>& expected);
+
+// Refuses, with the message load_gguf_tensor or load_gguf_matrix would give, the HF tensor
+// `hf_name` when `file` lacks it, holds it in another shape than `expected` or in a type
+// kvpipe cannot compute with; reads no tensor data.
+void check_gguf_tensor(const GgufFile& file, const std::string& hf_name, const std::vector<int64_t>& expected);
 
 // The HF matrix `hf_name` from `file` in its stored type, in HF row order.
 WeightMatrix load_gguf_matrix(const GgufFile& file, const ModelConfig& cfg, const std::string& hf_name,

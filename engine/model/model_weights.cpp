@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -270,6 +271,37 @@ StoredWeightBytes stored_weight_bytes(const std::string& path, const ModelConfig
   return b;
 }
 
+namespace {
+
+void check_safetensors_shape(const SafetensorsModel& files, const std::string& path, const std::string& name,
+                             const std::vector<int64_t>& shape) {
+  const std::vector<int64_t> actual = files.shape(name);
+  if (actual != shape)
+    throw std::invalid_argument(path + ": tensor '" + name + "' has shape " + c10::str(at::IntArrayRef(actual)) +
+                                ", config.json implies " + c10::str(at::IntArrayRef(shape)));
+}
+
+}  // namespace
+
+void check_model_tensors(const std::string& path, const ModelConfig& cfg) {
+  if (path.rfind(kDummyPrefix, 0) == 0) return;
+  if (is_gguf_path(path)) {
+    const GgufFile file(path);
+    for (const auto& [name, shape] : hf_tensor_layout(cfg)) check_gguf_tensor(file, name, shape);
+    return;
+  }
+  // A directory of config.json alone describes a shape to plan for (a cluster job's model
+  // that lives elsewhere until it runs); its missing weights are the loading rank's to report.
+  if (!std::filesystem::exists(path + "/model.safetensors") &&
+      !std::filesystem::exists(path + "/model.safetensors.index.json"))
+    return;
+  const SafetensorsModel files(path);
+  for (const auto& [name, shape] : hf_tensor_layout(cfg)) {
+    check_safetensors_shape(files, path, name, shape);
+    files.check_loadable(name);
+  }
+}
+
 ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,
                           const WeightSelection& sel, at::ScalarType dtype, at::Device device) {
   if (path.rfind(kDummyPrefix, 0) == 0) return random_weights(cfg, sel, 0, kDefaultInitStd, dtype, device);
@@ -286,11 +318,7 @@ ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,
   }
   auto files = std::make_shared<SafetensorsModel>(path);
   auto check_shape = [files, path](const std::string& name, const std::vector<int64_t>& shape) {
-    const std::vector<int64_t> actual = files->shape(name);
-    if (actual != shape)
-      throw std::invalid_argument(path + ": tensor '" + name + "' has shape " +
-                                  c10::str(at::IntArrayRef(actual)) + ", config.json implies " +
-                                  c10::str(at::IntArrayRef(shape)));
+    check_safetensors_shape(*files, path, name, shape);
   };
   return build_weights(
       cfg, sel, dtype, device,

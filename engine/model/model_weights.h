@@ -101,6 +101,12 @@ ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,
                           const WeightSelection& selection, at::ScalarType dtype,
                           at::Device device = at::kCPU);
 
+// Refuses, from the files' headers alone and with the message load_weights would give, a
+// model at `path` that lacks a tensor `cfg` needs, holds one in another shape, or in a type
+// or dtype kvpipe cannot compute with (what `validate` checks before any rank loads). A
+// directory with config.json and no safetensors file is a shape to plan for: nothing to check.
+void check_model_tensors(const std::string& path, const ModelConfig& cfg);
+
 // What a stage's weights take in memory as loaded for a run in `dtype`: per decoder layer
 // (the mean over the model's layers: quantised files mix types per layer), the embedding
 // table, and the head (LM head unless tied, final norm). Counted from the file's tensor

@@ -301,18 +301,24 @@ std::vector<std::string> SafetensorsFile::names() const {
   return names;
 }
 
-at::Tensor SafetensorsFile::load(const std::string& name, at::ScalarType dtype) const {
+at::ScalarType SafetensorsFile::loadable_dtype(const std::string& name) const {
   const SafetensorsEntry& spec = entry(name);
   const std::optional<at::ScalarType> source = loadable_type(spec.dtype);
   if (!source) {
     fail(path_, tensor_label(name) + ": cannot load dtype " + spec.dtype +
                     " (only F32, F16 and BF16 are supported)");
   }
+  return *source;
+}
+
+at::Tensor SafetensorsFile::load(const std::string& name, at::ScalarType dtype) const {
+  const SafetensorsEntry& spec = entry(name);
+  const at::ScalarType source = loadable_dtype(name);
   const auto target_options = at::TensorOptions().dtype(dtype);
   if (spec.end == spec.begin) return at::empty(spec.shape, target_options);
 
   const uint8_t* bytes = data_ + spec.begin;
-  const auto source_options = at::TensorOptions().dtype(*source);
+  const auto source_options = at::TensorOptions().dtype(source);
   // The header length is arbitrary, so the bytes may be misaligned for the element type.
   const bool aligned = reinterpret_cast<uintptr_t>(bytes) % element_size(spec.dtype) == 0;
   at::Tensor raw;
@@ -372,6 +378,8 @@ at::ScalarType SafetensorsModel::stored_dtype(const std::string& name) const {
   // A dtype the loader refuses is refused by load(), naming it; float32 is only a placeholder.
   return t ? *t : at::kFloat;
 }
+
+void SafetensorsModel::check_loadable(const std::string& name) const { file_of(name).loadable_dtype(name); }
 
 at::Tensor SafetensorsModel::load(const std::string& name, at::ScalarType dtype) const {
   return file_of(name).load(name, dtype);

@@ -44,6 +44,8 @@ class SafetensorsFile {
 
   // A copy of the tensor converted to `dtype` (F32, F16 and BF16 are supported sources).
   at::Tensor load(const std::string& name, at::ScalarType dtype) const;
+  // The source dtype load() converts from; refuses, as load() would, one it cannot load.
+  at::ScalarType loadable_dtype(const std::string& name) const;
 
  private:
   std::string path_;
@@ -64,6 +66,8 @@ class SafetensorsModel {
   at::ScalarType stored_dtype(const std::string& name) const;
   // Throws std::invalid_argument naming the tensor and the directory when it is missing.
   at::Tensor load(const std::string& name, at::ScalarType dtype) const;
+  // Refuses, as load would, a missing tensor or one of a dtype it cannot load; reads no data.
+  void check_loadable(const std::string& name) const;
 
  private:
   const SafetensorsFile& file_of(const std::string& name) const;

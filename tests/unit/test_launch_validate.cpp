@@ -1,13 +1,20 @@
 // `kvpipe validate` end to end: the malformed-config corpus of tests/data/bad_configs (each
-// file's first line says `# expect: <substring>`), every job in configs/, the plan it prints
-// and the rank count it plans for.
+// file's first line says `# expect: <substring>`), every job in configs/, the plan it prints,
+// the rank count it plans for, and model files it refuses with generate's own message.
+#include "engine/model/gguf.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_weights.h"
+#include "engine/model/safetensors.h"
 #include "tests/support/command.h"
+
+#include <ATen/ATen.h>
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -179,6 +186,86 @@ TEST_F(LaunchValidate, GenerateStopsAtTheFirstProblemOnOneLine) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("two.yaml:2:21: cache.block_size"), std::string::npos) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+// Model files whose header parses but whose weights generate cannot load: validate must refuse
+// each with exit 2 and the one line generate prints, before any rank reads a weight.
+TEST_F(LaunchValidate, RefusesWhatGenerateRefusesWithTheSameMessage) {
+  fs::create_directories(*dir_ / "out");
+  ModelConfig cfg = preset_config("tiny");
+  cfg.intermediate_size = 512;  // whole 256-value blocks for the retyped matrix below
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& [name, shape] : hf_tensor_layout(cfg)) tensors.emplace_back(name, random_tensor(name, shape, 3, 0.05));
+  auto without = [&](const std::string& dropped) {
+    std::vector<std::pair<std::string, at::Tensor>> kept;
+    for (const auto& t : tensors)
+      if (t.first != dropped) kept.push_back(t);
+    return kept;
+  };
+  const std::string down = "model.layers.1.mlp.down_proj.weight";
+  const struct {
+    std::string file;
+    std::function<void(const fs::path&)> make;
+    std::vector<std::string> says;
+  } cases[] = {
+      {"iq2_xxs.gguf",
+       [&](const fs::path& p) {
+         // IQ2_XXS: 66 bytes per 256 values, a type kvpipe has no kernel for.
+         write_gguf_file(p.string(), cfg, without(down), at::kFloat, [&](GgufWriter& w) {
+           w.add_tensor("blk.1.ffn_down.weight", 16, {cfg.intermediate_size, cfg.hidden_size},
+                        std::string(cfg.hidden_size * (cfg.intermediate_size / 256) * 66, '\0'));
+         });
+       },
+       {"tensor 'blk.1.ffn_down.weight' has type IQ2_XXS, which is not supported"}},
+      {"missing.gguf",
+       [&](const fs::path& p) {
+         write_gguf_file(p.string(), cfg, without("model.layers.1.mlp.gate_proj.weight"), at::kFloat,
+                         [](GgufWriter&) {});
+       },
+       {"blk.1.ffn_gate.weight"}},
+      {"moe.gguf",
+       [&](const fs::path& p) {
+         write_gguf_file(p.string(), cfg, tensors, at::kFloat, [](GgufWriter& w) { w.add_u32("llama.expert_count", 8); });
+       },
+       {"llama.expert_count 8: mixture-of-experts models are not supported"}},
+      {"longrope.gguf",
+       [&](const fs::path& p) {
+         write_gguf_file(p.string(), cfg, tensors, at::kFloat,
+                         [](GgufWriter& w) { w.add_string("llama.rope.scaling.type", "longrope"); });
+       },
+       {"llama.rope.scaling.type 'longrope' is not supported"}},
+      {"hf_missing",
+       [&](const fs::path& p) {
+         fs::create_directories(p);
+         write_hf_config(cfg, p.string(), "float32");
+         write_safetensors((p / "model.safetensors").string(), without(down));
+       },
+       {"model.layers.1.mlp.down_proj.weight"}},
+      {"hf_shape",
+       [&](const fs::path& p) {
+         fs::create_directories(p);
+         write_hf_config(cfg, p.string(), "float32");
+         std::vector<std::pair<std::string, at::Tensor>> wrong = without(down);
+         wrong.emplace_back(down, at::zeros({cfg.hidden_size, cfg.intermediate_size / 2}));
+         write_safetensors((p / "model.safetensors").string(), wrong);
+       },
+       {"tensor 'model.layers.1.mlp.down_proj.weight' has shape [256, 256], config.json implies [256, 512]"}},
+  };
+  for (const auto& c : cases) {
+    const fs::path model = *dir_ / c.file;
+    c.make(model);
+    const fs::path job = write(c.file + ".yaml", "model: {path: \"" + model.string() +
+                                                     "\"}\ncache: {memory: 4MiB}\n"
+                                                     "requests: [{prompt_ids: [1, 2, 3], max_new_tokens: 2}]\n");
+    const CommandResult v = kvpipe("validate --config " + job.string());
+    const CommandResult g = kvpipe("generate --config " + job.string());
+    EXPECT_EQ(v.code, 2) << c.file << "\n" << v.out << v.err;
+    EXPECT_EQ(g.code, 2) << c.file << "\n" << g.err;
+    for (const std::string& part : c.says) EXPECT_NE(v.err.find(part), std::string::npos) << c.file << ": " << v.err;
+    EXPECT_NE(v.err.find(model.string()), std::string::npos) << c.file << ": " << v.err;
+    EXPECT_EQ(std::count(v.err.begin(), v.err.end(), '\n'), 1) << c.file << ": " << v.err;
+    EXPECT_EQ(v.err, g.err) << c.file;
+  }
 }
 
 }  // namespace
