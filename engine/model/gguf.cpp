@@ -92,7 +92,8 @@ void check_data_section(const std::string& path, const std::map<std::string, Ggu
 
 bool supported(uint32_t type) { return quant_type_from_ggml(type).has_value(); }
 
-const char* kSupportedTypes = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K";
+const char* kSupportedTypes =
+    "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS";
 
 // Little-endian cursor over the mapped header; every read is bounds-checked so a truncated
 // or corrupt header is a message, not a crash.

@@ -293,12 +293,16 @@ TEST_F(GgufTest, UnknownAndUnsupportedTensorTypes) {
   w.write(path("u.gguf"));
   expect_invalid([&] { GgufFile f(path("u.gguf")); }, {path("u.gguf"), "tensor 'weird'", "unknown tensor type 99"});
 
+  // Types ggml knows and kvpipe has no kernels for (the IQ types below IQ4, the ternary TQ
+  // types): the header is fine, only loading the tensor is refused, by name.
   GgufWriter k = minimal();
-  k.add_tensor("q2k", 10, {256}, std::string(84, '\0'));  // Q2_K: one super-block
+  k.add_tensor("iq2", 16, {256}, std::string(66, '\0'));  // IQ2_XXS: one super-block
+  k.add_tensor("tq1", 34, {256}, std::string(54, '\0'));  // TQ1_0: one super-block
   k.write(path("k.gguf"));
-  GgufFile f(path("k.gguf"));  // the header is fine; only loading the tensor is refused
-  expect_invalid([&] { f.load("q2k"); }, {path("k.gguf"), "tensor 'q2k'", "Q2_K", "not supported"});
-  expect_invalid([&] { f.load_matrix("q2k"); }, {path("k.gguf"), "tensor 'q2k'", "Q2_K", "not supported"});
+  GgufFile f(path("k.gguf"));
+  expect_invalid([&] { f.load("iq2"); }, {path("k.gguf"), "tensor 'iq2'", "IQ2_XXS", "not supported"});
+  expect_invalid([&] { f.load_matrix("iq2"); }, {path("k.gguf"), "tensor 'iq2'", "IQ2_XXS", "not supported"});
+  expect_invalid([&] { f.load_matrix("tq1"); }, {path("k.gguf"), "tensor 'tq1'", "TQ1_0", "not supported"});
 }
 
 TEST_F(GgufTest, UnsupportedArchitecture) {

@@ -1,4 +1,5 @@
-// kvpipe's decoding of every block type (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) against the gguf
+// kvpipe's decoding of every block type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K,
+// Q4_K, Q5_K, Q6_K, IQ4_XS) against the gguf
 // package's (tests/peer/gguf_dequantize.py, numpy over ggml's layout), value for value: random
 // quants and packed scales under float16 scales of every kind (normal, subnormal, zero, either
 // sign), so the layouts, the 6-bit scale packing and the float16 decoding all meet a reference
@@ -58,11 +59,23 @@ TEST_P(QuantGguf, DequantizeRowMatchesGgufPackage) {
   for (int64_t b = 0; b < rows * cols / t.block_values; ++b) {
     uint8_t* p = w.data() + b * t.block_bytes;
     const uint16_t d = random_half(gen), dmin = random_half(gen);
-    if (type == QuantType::Q6_K) {
-      std::memcpy(p + 208, &d, 2);
-    } else {
-      std::memcpy(p, &d, 2);
-      if (type != QuantType::Q8_0 && type != QuantType::Q4_0) std::memcpy(p + 2, &dmin, 2);
+    // Where each type keeps its float16 scale and its min (the others hold quants or packed
+    // scales, random already).
+    switch (type) {
+      case QuantType::Q6_K: std::memcpy(p + 208, &d, 2); break;
+      case QuantType::Q3_K: std::memcpy(p + 108, &d, 2); break;
+      case QuantType::Q2_K:
+        std::memcpy(p + 80, &d, 2);
+        std::memcpy(p + 82, &dmin, 2);
+        break;
+      case QuantType::Q4_1:
+      case QuantType::Q5_1:
+      case QuantType::Q4_K:
+      case QuantType::Q5_K:
+        std::memcpy(p, &d, 2);
+        std::memcpy(p + 2, &dmin, 2);
+        break;
+      default: std::memcpy(p, &d, 2);  // Q8_0, Q4_0, Q5_0, IQ4_NL, IQ4_XS
     }
   }
   const fs::path in = dir_ / "rows.bin", out = dir_ / "values.f32";
@@ -89,8 +102,9 @@ TEST_P(QuantGguf, DequantizeRowMatchesGgufPackage) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BlockTypes, QuantGguf,
-                         ::testing::Values(QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1, QuantType::Q4_K,
-                                           QuantType::Q5_K, QuantType::Q6_K),
+                         ::testing::Values(QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1, QuantType::Q5_0,
+                                           QuantType::Q5_1, QuantType::IQ4_NL, QuantType::Q2_K, QuantType::Q3_K,
+                                           QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K, QuantType::IQ4_XS),
                          [](const ::testing::TestParamInfo<QuantType>& info) {
                            return std::string(quant_name(info.param));
                          });

@@ -1,7 +1,8 @@
-// The K types (Q4_K, Q5_K, Q6_K) and their Q8_K activations: dequantisation of hand-built
-// blocks whose values are known, the activation quantiser against ggml's reference algorithm
-// written out here, and both dot kernels (the one dot_kernel picks and the portable one)
-// against float64 products of the dequantised rows over many shapes, strides and input counts.
+// The 256-value super-block types (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) and their Q8_K
+// activations: dequantisation of hand-built blocks whose values are known, the activation
+// quantiser against ggml's reference algorithm written out here, and both dot kernels (the one
+// dot_kernel picks and the portable one) against float64 products of the dequantised rows
+// over many shapes, strides and input counts, and against each other.
 #include "engine/kernels/cpu/quant_impl.h"
 #include "engine/kernels/cpu/quant_types.h"
 
@@ -23,7 +24,26 @@ namespace {
 constexpr int64_t kQK = 256;
 constexpr int64_t kQ8KBytes = 292;
 
-const QuantType kKTypes[] = {QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K};
+const QuantType kKTypes[] = {QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K,
+                             QuantType::Q2_K, QuantType::Q3_K, QuantType::IQ4_XS};
+
+// Where a super-block keeps its float16 d, and its dmin (-1: none).
+int d_offset(QuantType type) {
+  switch (type) {
+    case QuantType::Q6_K: return 208;
+    case QuantType::Q2_K: return 80;
+    case QuantType::Q3_K: return 108;
+    default: return 0;
+  }
+}
+int dmin_offset(QuantType type) {
+  switch (type) {
+    case QuantType::Q4_K:
+    case QuantType::Q5_K: return 2;
+    case QuantType::Q2_K: return 82;
+    default: return -1;
+  }
+}
 
 // Half-precision bits of sign * 2^(exponent - 15) * (1 + mantissa / 1024): every value used
 // here is a normal half, built from its fields so no conversion is under test.
@@ -109,6 +129,72 @@ TEST(QuantK, Q6KHandBuiltBlock) {
   std::vector<float> out(kQK);
   dequantize_row(QuantType::Q6_K, block.data(), out.data(), kQK);
   for (int i = 0; i < kQK; ++i) ASSERT_EQ(out[i], 0.1875f * sc[i / 16] * (q(i) - 32)) << "value " << i;
+}
+
+TEST(QuantK, Q2KHandBuiltBlock) {
+  std::vector<uint8_t> block(84);
+  // Sub-block s has scale (s + 1) % 16 (low nibble) and min (3s) % 16 (high nibble).
+  for (int s = 0; s < 16; ++s) block[s] = static_cast<uint8_t>(((s + 1) % 16) | (((3 * s) % 16) << 4));
+  // Value 128h + 32k + l holds (l + k + h) % 4 in bits 2k, 2k+1 of qs[32h + l].
+  auto q = [](int i) { return (i % 32 + (i / 32) % 4 + i / 128) % 4; };
+  for (int i = 0; i < kQK; ++i) block[16 + 32 * (i / 128) + i % 32] |= static_cast<uint8_t>(q(i) << (2 * ((i / 32) % 4)));
+  put_half(&block[80], half_bits(1, 14, 0));   // d = 0.5
+  put_half(&block[82], half_bits(-1, 13, 0));  // dmin = -0.25
+  std::vector<float> out(kQK);
+  dequantize_row(QuantType::Q2_K, block.data(), out.data(), kQK);
+  for (int i = 0; i < kQK; ++i) {
+    const int s = i / 16;
+    ASSERT_EQ(out[i], 0.5f * ((s + 1) % 16) * q(i) + 0.25f * ((3 * s) % 16)) << "value " << i;
+  }
+}
+
+TEST(QuantK, Q3KHandBuiltBlock) {
+  std::vector<uint8_t> block(110);
+  // Sixteen 6-bit scales (5s + 2) % 64, meaning scale - 32: low nibbles of scale i in byte i
+  // (i < 8) or the high nibble of byte i - 8; the top two bits at bits 2(i / 4) of byte 8 + i % 4.
+  auto sc = [](int i) { return (5 * i + 2) % 64; };
+  for (int i = 0; i < 16; ++i) {
+    block[96 + (i < 8 ? i : i - 8)] |= static_cast<uint8_t>((sc(i) & 0xf) << (i < 8 ? 0 : 4));
+    block[96 + 8 + i % 4] |= static_cast<uint8_t>((sc(i) >> 4) << (2 * (i / 4)));
+  }
+  // Value 128h + 32k + l holds q in -4..3 as (q + 4) & 3 in bits 2k, 2k+1 of qs[32h + l] and
+  // the third bit (set for q >= 0) at bit 4h + k of hmask[l].
+  auto q = [](int i) { return (7 * i + 3) % 8 - 4; };
+  for (int i = 0; i < kQK; ++i) {
+    const int h = i / 128, k = (i / 32) % 4, l = i % 32;
+    block[32 + 32 * h + l] |= static_cast<uint8_t>(((q(i) + 4) & 3) << (2 * k));
+    if (q(i) >= 0) block[l] |= static_cast<uint8_t>(1 << (4 * h + k));
+  }
+  put_half(&block[108], half_bits(-1, 12, 0));  // d = -0.125
+  std::vector<float> out(kQK);
+  dequantize_row(QuantType::Q3_K, block.data(), out.data(), kQK);
+  for (int i = 0; i < kQK; ++i) ASSERT_EQ(out[i], -0.125f * (sc(i / 16) - 32) * q(i)) << "value " << i;
+}
+
+TEST(QuantK, IQ4XSHandBuiltBlock) {
+  static const int kGrid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  std::vector<uint8_t> block(136);
+  // Eight 6-bit scales (9s + 1) % 64, meaning scale - 32: low nibble in scales_l[s / 2] (low
+  // nibble for even s), top two bits at bits 2s of the 16-bit scales_h.
+  auto sc = [](int s) { return (9 * s + 1) % 64; };
+  uint16_t high = 0;
+  for (int s = 0; s < 8; ++s) {
+    block[4 + s / 2] |= static_cast<uint8_t>((sc(s) & 0xf) << (4 * (s % 2)));
+    high = static_cast<uint16_t>(high | ((sc(s) >> 4) << (2 * s)));
+  }
+  std::memcpy(&block[2], &high, 2);
+  // Value 32s + j indexes the grid with (3j + s) % 16: low nibble of qs[16s + j] for j < 16,
+  // high nibble of qs[16s + j - 16] after.
+  auto n = [](int i) { return (3 * (i % 32) + i / 32) % 16; };
+  for (int i = 0; i < kQK; ++i) {
+    const int s = i / 32, j = i % 32;
+    block[8 + 16 * s + j % 16] |= static_cast<uint8_t>(n(i) << (j < 16 ? 0 : 4));
+  }
+  put_half(&block[0], half_bits(1, 11, 0));  // d = 1/16
+  std::vector<float> out(kQK);
+  dequantize_row(QuantType::IQ4_XS, block.data(), out.data(), kQK);
+  for (int i = 0; i < kQK; ++i)
+    ASSERT_EQ(out[i], 0.0625f * (sc(i / 32) - 32) * kGrid[n(i)]) << "value " << i;
 }
 
 TEST(QuantK, Float16ScalesDecodeExactly) {
@@ -287,12 +373,8 @@ std::vector<uint8_t> random_k_rows(QuantType type, int64_t rows, int64_t stride,
       uint8_t* p = w.data() + r * stride + b * t.block_bytes;
       const uint16_t d = half_bits(sign(gen) ? 1 : -1, exponent(gen), mantissa(gen));
       const uint16_t dmin = half_bits(sign(gen) ? 1 : -1, exponent(gen), mantissa(gen));
-      if (type == QuantType::Q6_K) {
-        put_half(p + 208, d);
-      } else {
-        put_half(p, d);
-        put_half(p + 2, dmin);
-      }
+      put_half(p + d_offset(type), d);
+      if (dmin_offset(type) >= 0) put_half(p + dmin_offset(type), dmin);
     }
   return w;
 }
@@ -347,7 +429,8 @@ void check_kernel(const char* which, DotKernel kernel, QuantType type, const Sha
 }
 
 TEST(QuantK, DotKernelsMatchFloat64Reference) {
-  const Shape shapes[] = {{5, 256, 0, 5}, {13, 512, 3, 11}, {9, 4096, 1, 9}, {6, 1280, 5, 6}, {4, 768, 2, 2}};
+  const Shape shapes[] = {{5, 256, 0, 5}, {13, 512, 3, 11}, {9, 4096, 1, 9}, {6, 1280, 5, 6}, {4, 768, 2, 2},
+                          {3, 1536, 0, 3}};
   uint32_t seed = 1;
   for (QuantType type : kKTypes)
     for (const Shape& s : shapes)
@@ -371,11 +454,13 @@ TEST(QuantK, DotKernelsAgreeOnExtremeQuants) {
       if (type == QuantType::Q6_K) {
         // Scales -128 on the first row (quants 63 -> +31 steps), 127 on the second.
         std::memset(p + 192, b < cols / kQK ? 0x80 : 0x7f, 16);
-        put_half(p + 208, half_bits(1, 15, 0));
-      } else {
-        put_half(p, half_bits(1, 15, 0));
-        put_half(p + 2, half_bits(-1, 15, 0));
+      } else if (b >= cols / kQK && (type == QuantType::Q3_K || type == QuantType::IQ4_XS)) {
+        // The second row all zero bits: scales -32 times the most negative quant (-4, or
+        // the grid's -127).
+        std::memset(p, 0, static_cast<size_t>(t.block_bytes));
       }
+      put_half(p + d_offset(type), half_bits(1, 15, 0));
+      if (dmin_offset(type) >= 0) put_half(p + dmin_offset(type), half_bits(-1, 15, 0));
     }
     std::vector<float> xf(static_cast<size_t>(2 * cols));
     for (int64_t c = 0; c < cols; ++c) xf[c] = 1.0f, xf[cols + c] = (c % 2) ? 1.0f : -1.0f;
@@ -399,6 +484,39 @@ TEST(QuantK, DotKernelsAgreeOnExtremeQuants) {
             mag += std::fabs(static_cast<double>(wf[c]) * xd[i * cols + c]);
           }
           EXPECT_NEAR(y[i * 2 + r], ref, 1e-5 * mag + 1e-6) << quant_name(type) << " row " << r << " input " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantK, VectorKernelsAgreeWithPortable) {
+  // Both kernels sum the same exact integer products and differ only in the float32 rounding
+  // of each super-block's scaled sums.
+  if (std::string(dot_kernel_isa()) == "portable") GTEST_SKIP() << "no vector kernels on this processor";
+  const int64_t cols = 2048, rows = 6;
+  for (QuantType type : kKTypes) {
+    const int64_t row_bytes = quant_row_bytes(type, cols);
+    const std::vector<uint8_t> w = random_k_rows(type, rows, row_bytes, cols, 300 + static_cast<uint32_t>(type));
+    const int64_t act = activation_row_bytes(ActivationType::Q8_K, cols);
+    const std::vector<float> xf = activation_rows(kMaxKernelInputs, cols, 17);
+    std::vector<uint8_t> xq(static_cast<size_t>(act * kMaxKernelInputs));
+    std::vector<float> xd(static_cast<size_t>(cols * kMaxKernelInputs)), wf(static_cast<size_t>(cols));
+    for (int i = 0; i < kMaxKernelInputs; ++i) {
+      quantize_activation_row(ActivationType::Q8_K, xf.data() + i * cols, xq.data() + i * act, cols);
+      dequantize_activation_row(ActivationType::Q8_K, xq.data() + i * act, xd.data() + i * cols, cols);
+    }
+    for (int inputs = 1; inputs <= kMaxKernelInputs; ++inputs) {
+      std::vector<float> vec(static_cast<size_t>(rows * inputs)), port(vec.size());
+      dot_kernel(type)(w.data(), row_bytes, xq.data(), act, inputs, vec.data(), rows, 0, rows, cols);
+      portable_dot_kernel(type)(w.data(), row_bytes, xq.data(), act, inputs, port.data(), rows, 0, rows, cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        dequantize_row(type, w.data() + r * row_bytes, wf.data(), cols);
+        for (int i = 0; i < inputs; ++i) {
+          double mag = 0;
+          for (int64_t c = 0; c < cols; ++c) mag += std::fabs(static_cast<double>(wf[c]) * xd[i * cols + c]);
+          ASSERT_NEAR(vec[i * rows + r], port[i * rows + r], 1e-5 * mag + 1e-6)
+              << quant_name(type) << " row " << r << " input " << i << " of " << inputs;
         }
       }
     }

@@ -1,5 +1,6 @@
-// The float and 32-value block types (F32, F16, BF16, Q8_0, Q4_0, Q4_1) of quant_types.h: both
-// kernel sets against a float64 reference of the dequantised rows, the Q8_0 / Q8_1 activation
+// The float and 32-value block types (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) of
+// quant_types.h: both kernel sets against a float64 reference of the dequantised rows and
+// against each other, the Q8_0 / Q8_1 activation
 // quantiser's rounding and error, dequantize_row on hand-built blocks, the fp16 helpers, and
 // the float types' decoding and Q8_0 quantisation against the gguf package's
 // (tests/peer/gguf_legacy_reference.py; the block types' decoding is in
@@ -33,7 +34,11 @@ using quant_impl::fp16_to_fp32;
 using quant_impl::fp32_to_fp16;
 
 const QuantType kLegacyTypes[] = {QuantType::F32,  QuantType::F16,  QuantType::BF16,
-                                  QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1};
+                                  QuantType::Q8_0, QuantType::Q4_0, QuantType::Q4_1,
+                                  QuantType::Q5_0, QuantType::Q5_1, QuantType::IQ4_NL};
+
+// The types with an offset m per block (and Q8_1 activations that carry their sums).
+bool has_min(QuantType t) { return t == QuantType::Q4_1 || t == QuantType::Q5_1; }
 
 bool is_block_type(QuantType t) {
   return quant_traits(t).block_values == 32;
@@ -103,7 +108,7 @@ std::vector<uint8_t> random_rows(QuantType type, int64_t rows, int64_t cols, int
         for (int64_t b = 0; b < cols / 32; ++b) {
           uint8_t* blk = row + b * t.block_bytes;
           put_u16(blk, random_half(gen, -9, -4, true));
-          if (type == QuantType::Q4_1) put_u16(blk + 2, random_half(gen, -8, -2, true));
+          if (has_min(type)) put_u16(blk + 2, random_half(gen, -8, -2, true));
         }
       }
     }
@@ -129,8 +134,8 @@ struct Reference {
   double magnitude = 0;  // sum of |terms| the kernel adds, for the rounding tolerance
 };
 
-// W[r] . X[j] in float64 from dequantize_row and dequantize_activation_row. For Q4_1 the
-// kernels use, as ggml does, the activation block's stored fp16 sum s for the m_w term; the
+// W[r] . X[j] in float64 from dequantize_row and dequantize_activation_row. For Q4_1 and Q5_1
+// the kernels use, as ggml does, the activation block's stored fp16 sum s for the m_w term; the
 // reference swaps that term in so that only float32 rounding separates it from the kernels.
 Reference reference_dot(QuantType type, const uint8_t* wrow, const uint8_t* xrow, int64_t cols) {
   const ActivationType at = quant_traits(type).activation;
@@ -138,7 +143,7 @@ Reference reference_dot(QuantType type, const uint8_t* wrow, const uint8_t* xrow
   dequantize_row(type, wrow, wf.data(), cols);
   dequantize_activation_row(at, xrow, xf.data(), cols);
   Reference ref;
-  if (type != QuantType::Q4_1) {
+  if (!has_min(type)) {
     for (int64_t c = 0; c < cols; ++c) {
       ref.value += static_cast<double>(wf[c]) * xf[c];
       ref.magnitude += std::abs(static_cast<double>(wf[c]) * xf[c]);
@@ -146,7 +151,7 @@ Reference reference_dot(QuantType type, const uint8_t* wrow, const uint8_t* xrow
     return ref;
   }
   for (int64_t b = 0; b < cols / 32; ++b) {
-    const uint8_t* wb = wrow + b * 20;
+    const uint8_t* wb = wrow + b * quant_traits(type).block_bytes;
     const uint8_t* xb = xrow + b * 36;
     const double m = fp16_to_fp32(u16_at(wb + 2)), s = fp16_to_fp32(u16_at(xb + 2));
     for (int64_t c = b * 32; c < b * 32 + 32; ++c) {
@@ -203,7 +208,7 @@ void check_kernel(DotKernel kernel, const char* which, const KernelCase& k, int 
 std::vector<KernelCase> kernel_cases() {
   std::vector<KernelCase> cases;
   for (const QuantType t : kLegacyTypes) {
-    std::vector<int64_t> cols = {32, 64, 256, 4096};
+    std::vector<int64_t> cols = {32, 64, 256, 576, 4096};
     if (!is_block_type(t)) cols.insert(cols.end(), {1, 7, 37, 100, 4099});
     for (const int64_t c : cols) {
       cases.push_back({t, c, 13, 0, 13});
@@ -253,6 +258,33 @@ TEST(QuantLegacy, RowResultsDoNotDependOnInputCount) {
           }
         }
       }
+    }
+  }
+}
+
+// The vector kernels against the portable ones on the same rows: both sum exact integer
+// products and differ only in float32 rounding of the scaled block sums, so they agree to a
+// few ulps of the sum of |terms|, far inside any layout or scale mistake.
+TEST(QuantLegacy, VectorKernelsAgreeWithPortable) {
+  if (std::string(dot_kernel_isa()) == "portable") GTEST_SKIP() << "no vector kernels on this processor";
+  for (const QuantType type : kLegacyTypes) {
+    const ActivationType at = quant_traits(type).activation;
+    const int64_t cols = 576, rows = 7, row_bytes = quant_row_bytes(type, cols);
+    const std::vector<uint8_t> w = random_rows(type, rows, cols, row_bytes, 91);
+    const int64_t x_stride = activation_row_bytes(at, cols);
+    std::vector<uint8_t> x(static_cast<size_t>(x_stride * kMaxKernelInputs));
+    for (int j = 0; j < kMaxKernelInputs; ++j)
+      quantize_activation_row(at, random_activations(cols, 40 + j).data(), x.data() + j * x_stride, cols);
+    for (int inputs = 1; inputs <= kMaxKernelInputs; ++inputs) {
+      std::vector<float> vec(static_cast<size_t>(rows * inputs)), port(vec.size());
+      dot_kernel(type)(w.data(), row_bytes, x.data(), x_stride, inputs, vec.data(), rows, 0, rows, cols);
+      portable_dot_kernel(type)(w.data(), row_bytes, x.data(), x_stride, inputs, port.data(), rows, 0, rows, cols);
+      for (int j = 0; j < inputs; ++j)
+        for (int64_t r = 0; r < rows; ++r) {
+          const Reference ref = reference_dot(type, w.data() + r * row_bytes, x.data() + j * x_stride, cols);
+          ASSERT_NEAR(vec[j * rows + r], port[j * rows + r], 1e-5 * ref.magnitude + 1e-12)
+              << quant_name(type) << " inputs=" << inputs << " row=" << r << " input=" << j;
+        }
     }
   }
 }
@@ -539,7 +571,7 @@ TEST(QuantLegacy, DequantizeRandomRowsAsTheFormatDefines) {
     std::vector<uint8_t> raw = random_rows(type, 1, cols, bytes, 3 + static_cast<uint32_t>(type));
     if (is_block_type(type)) {
       for (int64_t b = 0; b < cols / 32; ++b) {
-        for (int f = 0; f < (type == QuantType::Q4_1 ? 2 : 1); ++f) {
+        for (int f = 0; f < (has_min(type) ? 2 : 1); ++f) {
           uint16_t h;
           do h = static_cast<uint16_t>(gen());
           while ((h & 0x7c00) == 0x7c00);
@@ -573,6 +605,26 @@ TEST(QuantLegacy, DequantizeRandomRowsAsTheFormatDefines) {
           const uint8_t* blk = raw.data() + b * 18;
           const int q = j < 16 ? (blk[2 + j] & 0xf) : (blk[2 + j - 16] >> 4);
           want = static_cast<float>(half_value(u16_at(blk)) * (q - 8));
+          break;
+        }
+        case QuantType::Q5_0:
+        case QuantType::Q5_1: {
+          // Four bytes of fifth bits (value j's is bit j % 8 of byte j / 8), then the nibbles;
+          // Q5_0 is offset by 16, Q5_1 adds m as Q4_1 does.
+          const bool q5_1 = type == QuantType::Q5_1;
+          const uint8_t* blk = raw.data() + b * (q5_1 ? 24 : 22);
+          const uint8_t* qh = blk + (q5_1 ? 4 : 2);
+          const uint8_t* qs = qh + 4;
+          const int q = (j < 16 ? (qs[j] & 0xf) : (qs[j - 16] >> 4)) | (((qh[j / 8] >> (j % 8)) & 1) << 4);
+          want = q5_1 ? static_cast<float>(half_value(u16_at(blk)) * q) + static_cast<float>(half_value(u16_at(blk + 2)))
+                      : static_cast<float>(half_value(u16_at(blk)) * (q - 16));
+          break;
+        }
+        case QuantType::IQ4_NL: {
+          static const int kGrid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+          const uint8_t* blk = raw.data() + b * 18;
+          const int q = j < 16 ? (blk[2 + j] & 0xf) : (blk[2 + j - 16] >> 4);
+          want = static_cast<float>(half_value(u16_at(blk)) * kGrid[q]);
           break;
         }
         default: {  // Q4_1: d * q exact, then one float32 rounding of "+ m" as ggml

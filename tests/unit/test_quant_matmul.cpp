@@ -58,9 +58,15 @@ std::vector<uint8_t> random_rows(QuantType type, int64_t rows, int64_t cols, uin
     const uint16_t m = half_bits(-0.02f * std::abs(normal(gen)));
     if (type == QuantType::Q6_K) {
       std::memcpy(p + 208, &d, 2);
+    } else if (type == QuantType::Q3_K) {
+      std::memcpy(p + 108, &d, 2);
+    } else if (type == QuantType::Q2_K) {
+      std::memcpy(p + 80, &d, 2);
+      std::memcpy(p + 82, &m, 2);
     } else {
       std::memcpy(p, &d, 2);
-      if (type == QuantType::Q4_1 || type == QuantType::Q4_K || type == QuantType::Q5_K) std::memcpy(p + 2, &m, 2);
+      if (type == QuantType::Q4_1 || type == QuantType::Q5_1 || type == QuantType::Q4_K || type == QuantType::Q5_K)
+        std::memcpy(p + 2, &m, 2);
     }
   }
   return w;
@@ -163,9 +169,10 @@ TEST_P(QuantMatmul, BothPathsMatchFloat64OnAnyThreadCount) {
         for (int64_t i = 0; i < n; ++i) {
           for (int64_t r = 0; r < rows; ++r) {
             const double want = ref[i * rows + r];
-            // Q4_1's kernels take the activation block sum as Q8_1 stores it, in float16
-            // (as ggml does): 2^-11 relative on that term (exact in test_quant_legacy).
-            const double tol = (type == QuantType::Q4_1 ? 1e-3 : 1e-5) * magnitude[i * rows + r] + 1e-6;
+            // Q4_1's and Q5_1's kernels take the activation block sum as Q8_1 stores it, in
+            // float16 (as ggml does): 2^-11 relative on that term (exact in test_quant_legacy).
+            const bool q8_1 = type == QuantType::Q4_1 || type == QuantType::Q5_1;
+            const double tol = (q8_1 ? 1e-3 : 1e-5) * magnitude[i * rows + r] + 1e-6;
             ASSERT_NEAR(y[i * (rows + 3) + r], want, tol)
                 << quant_name(type) << " " << matmul_path_name(path) << " n=" << n << " threads=" << threads;
           }
@@ -219,8 +226,9 @@ TEST_P(QuantMatmul, PathIsChosenByInputCountAlone) {
 
 INSTANTIATE_TEST_SUITE_P(Types, QuantMatmul,
                          ::testing::Values(QuantType::F32, QuantType::F16, QuantType::BF16, QuantType::Q8_0,
-                                           QuantType::Q4_0, QuantType::Q4_1, QuantType::Q4_K, QuantType::Q5_K,
-                                           QuantType::Q6_K),
+                                           QuantType::Q4_0, QuantType::Q4_1, QuantType::Q5_0, QuantType::Q5_1,
+                                           QuantType::IQ4_NL, QuantType::Q2_K, QuantType::Q3_K, QuantType::Q4_K,
+                                           QuantType::Q5_K, QuantType::Q6_K, QuantType::IQ4_XS),
                          [](const ::testing::TestParamInfo<QuantType>& p) { return std::string(quant_name(p.param)); });
 
 TEST(WeightMatrix, MixedTypesConcatenateAndComputeAsOneMatrix) {

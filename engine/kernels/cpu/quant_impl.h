@@ -1,5 +1,6 @@
 // The per-family halves of quant_types.h, behind its dispatch (quant_types.cpp): the float and
-// 32-value block types (quant_legacy*.cpp) and the 256-value K types (quant_k*.cpp). Each
+// 32-value block types (quant_legacy*.cpp) and the 256-value super-block types, the K types
+// and IQ4_XS, which all take Q8_K activations (quant_k*.cpp). Each
 // family has a portable version and an AVX2 + FMA version compiled with target attributes, so
 // the binary runs on any x86-64 and picks the vector code where the processor has it.
 #pragma once
@@ -8,19 +9,24 @@
 
 namespace kvpipe::quant_impl {
 
+// The 16 values an IQ4_NL / IQ4_XS nibble indexes (ggml's kvalues_iq4nl): a non-uniform grid,
+// denser near zero, that a block scale multiplies.
+inline constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+
 // Whether the vector code (kernels, activation quantisers, dequantisers) runs: AVX2 + FMA (and
 // F16C) are usable on this processor (cpu_features.h: advertised, enabled by the OS, and a
 // trial ran) and KVPIPE_CPU_KERNELS is not "portable". Decided once.
 bool use_avx2();
 
-// F32, F16, BF16, Q8_0, Q4_0, Q4_1; activations F32, Q8_0, Q8_1.
+// F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; activations F32, Q8_0, Q8_1.
 void legacy_dequantize_row(QuantType type, const void* src, float* dst, int64_t cols);
 void legacy_quantize_activation_row(ActivationType type, const float* x, void* dst, int64_t cols);
 void legacy_dequantize_activation_row(ActivationType type, const void* src, float* dst, int64_t cols);
 DotKernel legacy_portable_kernel(QuantType type);
 DotKernel legacy_avx2_kernel(QuantType type);  // nullptr where the build has no x86 vector code
 
-// Q4_K, Q5_K, Q6_K; activations Q8_K.
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS; activations Q8_K.
 void k_dequantize_row(QuantType type, const void* src, float* dst, int64_t cols);
 void k_quantize_activation_row(const float* x, void* dst, int64_t cols);
 void k_dequantize_activation_row(const void* src, float* dst, int64_t cols);

@@ -1,5 +1,5 @@
-// The K types' portable half (quant_impl.h): Q4_K, Q5_K and Q6_K super-blocks of 256 values
-// in ggml's layout, their Q8_K activations, and dot kernels in plain C++ that are correct on
+// The 256-value super-block types' portable half (quant_impl.h): Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
+// and IQ4_XS super-blocks in ggml's layout, their Q8_K activations, and dot kernels in plain C++ that are correct on
 // any processor and are what the AVX2 kernels (quant_k_avx2.cpp) are tested against.
 #include "engine/kernels/cpu/half_convert.h"
 #include "engine/kernels/cpu/quant_impl.h"
@@ -23,6 +23,9 @@ constexpr int64_t kSuperBlock = 256;
 constexpr int64_t kQ4KBytes = 144;
 constexpr int64_t kQ5KBytes = 176;
 constexpr int64_t kQ6KBytes = 210;
+constexpr int64_t kQ2KBytes = 84;
+constexpr int64_t kQ3KBytes = 110;
+constexpr int64_t kIQ4XSBytes = 136;
 constexpr int64_t kQ8KBytes = 292;
 // Offsets inside a block_q8_K.
 constexpr int64_t kQ8KQs = 4;
@@ -110,6 +113,55 @@ void unpack_q6k(const uint8_t* b, int8_t* q) {
   }
 }
 
+// Q2_K: scales[16], qs[64], d, dmin. Value 128h + 32k + l (l < 32) is bits 2k, 2k+1 of
+// qs[32h + l]; values 0..3 in sixteen sub-blocks of 16.
+void unpack_q2k(const uint8_t* b, uint8_t* q) {
+  const uint8_t* qs = b + 16;
+  for (int h = 0; h < 2; ++h)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 32; ++l) q[128 * h + 32 * k + l] = (qs[32 * h + l] >> (2 * k)) & 3;
+}
+
+// Q3_K: hmask[32], qs[64], scales[12], d. The low two bits as Q2_K's; the third is bit 4h + k
+// of hmask[l], and a clear bit means 4 below (values -4..3).
+void unpack_q3k(const uint8_t* b, int8_t* q) {
+  const uint8_t* hm = b;
+  const uint8_t* qs = b + 32;
+  for (int h = 0; h < 2; ++h)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 32; ++l)
+        q[128 * h + 32 * k + l] = static_cast<int8_t>(((qs[32 * h + l] >> (2 * k)) & 3) -
+                                                      (((hm[l] >> (4 * h + k)) & 1) ? 0 : 4));
+}
+
+// Q3_K's sixteen 6-bit scales, less their offset of 32: the low nibbles of bytes 0-7 are
+// scales 0-7 and their high nibbles scales 8-15; bits 2j, 2j+1 of byte 8 + i % 4 are the top
+// bits of scale i with j = i / 4.
+void unpack_q3k_scales(const uint8_t* s, int* sc) {
+  for (int i = 0; i < 16; ++i) {
+    const int low = i < 8 ? s[i] & 0xf : s[i - 8] >> 4;
+    const int high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+    sc[i] = (low | (high << 4)) - 32;
+  }
+}
+
+// IQ4_XS: d, scales_h (16 bits), scales_l[4], qs[128]. Eight sub-blocks of 32 with 6-bit
+// scales less 32 (low nibble in scales_l, top two bits in scales_h); each sub-block's 16 bytes
+// of nibbles index the IQ4_NL grid, low nibbles first.
+void unpack_iq4xs(const uint8_t* b, int8_t* q, int* sc) {
+  uint16_t high;
+  std::memcpy(&high, b + 2, sizeof high);
+  const uint8_t* low = b + 4;
+  const uint8_t* qs = b + 8;
+  for (int ib = 0; ib < 8; ++ib) {
+    sc[ib] = (((low[ib / 2] >> (4 * (ib % 2))) & 0xf) | (((high >> (2 * ib)) & 3) << 4)) - 32;
+    for (int j = 0; j < 16; ++j) {
+      q[32 * ib + j] = kIq4NlValues[qs[16 * ib + j] & 0xf];
+      q[32 * ib + 16 + j] = kIq4NlValues[qs[16 * ib + j] >> 4];
+    }
+  }
+}
+
 template <typename Q>
 int32_t dot_i8(const Q* q, const int8_t* a, int n) {
   int32_t s = 0;
@@ -186,6 +238,135 @@ void dot_q6k(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_str
   }
 }
 
+// Q2_K: value = d * (sc & 15) * q - dmin * (sc >> 4), the mins through the activation sums.
+void dot_q2k(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride, int inputs, float* y,
+             int64_t ldy, int64_t row_begin, int64_t row_end, int64_t cols) {
+  const int64_t blocks = cols / kSuperBlock;
+  uint8_t q[kSuperBlock];
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const uint8_t* row = w + r * w_stride;
+    float acc[kMaxKernelInputs] = {};
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* wb = row + b * kQ2KBytes;
+      const float d = load_half(wb + 80);
+      const float dmin = load_half(wb + 82);
+      unpack_q2k(wb, q);
+      for (int i = 0; i < inputs; ++i) {
+        const uint8_t* xb = x + i * x_stride + b * kQ8KBytes;
+        const int8_t* a = reinterpret_cast<const int8_t*>(xb + kQ8KQs);
+        int32_t sumi = 0, summ = 0;
+        for (int s = 0; s < 16; ++s) {
+          sumi += (wb[s] & 0xf) * dot_i8(q + 16 * s, a + 16 * s, 16);
+          summ += (wb[s] >> 4) * bsum_of(xb, s);
+        }
+        const float xd = load_float(xb);
+        acc[i] += xd * d * static_cast<float>(sumi) - xd * dmin * static_cast<float>(summ);
+      }
+    }
+    for (int i = 0; i < inputs; ++i) y[i * ldy + r] = acc[i];
+  }
+}
+
+// Q3_K: value = d * (sc - 32) * q, sixteen sub-blocks of 16.
+void dot_q3k(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride, int inputs, float* y,
+             int64_t ldy, int64_t row_begin, int64_t row_end, int64_t cols) {
+  const int64_t blocks = cols / kSuperBlock;
+  int8_t q[kSuperBlock];
+  int sc[16];
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const uint8_t* row = w + r * w_stride;
+    float acc[kMaxKernelInputs] = {};
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* wb = row + b * kQ3KBytes;
+      const float d = load_half(wb + 108);
+      unpack_q3k(wb, q);
+      unpack_q3k_scales(wb + 96, sc);
+      for (int i = 0; i < inputs; ++i) {
+        const uint8_t* xb = x + i * x_stride + b * kQ8KBytes;
+        const int8_t* a = reinterpret_cast<const int8_t*>(xb + kQ8KQs);
+        int32_t sumi = 0;
+        for (int s = 0; s < 16; ++s) sumi += sc[s] * dot_i8(q + 16 * s, a + 16 * s, 16);
+        acc[i] += load_float(xb) * d * static_cast<float>(sumi);
+      }
+    }
+    for (int i = 0; i < inputs; ++i) y[i * ldy + r] = acc[i];
+  }
+}
+
+// IQ4_XS: value = d * (sc - 32) * grid[q], eight sub-blocks of 32.
+void dot_iq4xs(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride, int inputs, float* y,
+               int64_t ldy, int64_t row_begin, int64_t row_end, int64_t cols) {
+  const int64_t blocks = cols / kSuperBlock;
+  int8_t q[kSuperBlock];
+  int sc[8];
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const uint8_t* row = w + r * w_stride;
+    float acc[kMaxKernelInputs] = {};
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* wb = row + b * kIQ4XSBytes;
+      const float d = load_half(wb);
+      unpack_iq4xs(wb, q, sc);
+      for (int i = 0; i < inputs; ++i) {
+        const uint8_t* xb = x + i * x_stride + b * kQ8KBytes;
+        const int8_t* a = reinterpret_cast<const int8_t*>(xb + kQ8KQs);
+        int32_t sumi = 0;
+        for (int s = 0; s < 8; ++s) sumi += sc[s] * dot_i8(q + 32 * s, a + 32 * s, 32);
+        acc[i] += load_float(xb) * d * static_cast<float>(sumi);
+      }
+    }
+    for (int i = 0; i < inputs; ++i) y[i * ldy + r] = acc[i];
+  }
+}
+
+// ggml's dequantisers' order of operations: the sub-block scale d * sc first, then times q
+// (and for Q2_K less dmin * m).
+void dequantize_q2k(const uint8_t* src, float* dst, int64_t cols) {
+  uint8_t q[kSuperBlock];
+  for (int64_t b = 0; b < cols / kSuperBlock; ++b) {
+    const uint8_t* wb = src + b * kQ2KBytes;
+    const float d = load_half(wb + 80);
+    const float dmin = load_half(wb + 82);
+    unpack_q2k(wb, q);
+    float* out = dst + b * kSuperBlock;
+    for (int s = 0; s < 16; ++s) {
+      const float dl = d * static_cast<float>(wb[s] & 0xf);
+      const float ml = dmin * static_cast<float>(wb[s] >> 4);
+      for (int l = 0; l < 16; ++l) out[16 * s + l] = dl * static_cast<float>(q[16 * s + l]) - ml;
+    }
+  }
+}
+
+void dequantize_q3k(const uint8_t* src, float* dst, int64_t cols) {
+  int8_t q[kSuperBlock];
+  int sc[16];
+  for (int64_t b = 0; b < cols / kSuperBlock; ++b) {
+    const uint8_t* wb = src + b * kQ3KBytes;
+    const float d = load_half(wb + 108);
+    unpack_q3k(wb, q);
+    unpack_q3k_scales(wb + 96, sc);
+    float* out = dst + b * kSuperBlock;
+    for (int s = 0; s < 16; ++s) {
+      const float dl = d * static_cast<float>(sc[s]);
+      for (int l = 0; l < 16; ++l) out[16 * s + l] = dl * static_cast<float>(q[16 * s + l]);
+    }
+  }
+}
+
+void dequantize_iq4xs(const uint8_t* src, float* dst, int64_t cols) {
+  int8_t q[kSuperBlock];
+  int sc[8];
+  for (int64_t b = 0; b < cols / kSuperBlock; ++b) {
+    const uint8_t* wb = src + b * kIQ4XSBytes;
+    const float d = load_half(wb);
+    unpack_iq4xs(wb, q, sc);
+    float* out = dst + b * kSuperBlock;
+    for (int s = 0; s < 8; ++s) {
+      const float dl = d * static_cast<float>(sc[s]);
+      for (int l = 0; l < 32; ++l) out[32 * s + l] = dl * static_cast<float>(q[32 * s + l]);
+    }
+  }
+}
+
 void dequantize_q45k(const uint8_t* src, float* dst, int64_t cols, bool five_bit) {
   const int64_t block_bytes = five_bit ? kQ5KBytes : kQ4KBytes;
   uint8_t q[kSuperBlock];
@@ -233,9 +414,12 @@ void k_dequantize_row(QuantType type, const void* src, float* dst, int64_t cols)
     case QuantType::Q4_K: return dequantize_q45k(s, dst, cols, false);
     case QuantType::Q5_K: return dequantize_q45k(s, dst, cols, true);
     case QuantType::Q6_K: return dequantize_q6k(s, dst, cols);
+    case QuantType::Q2_K: return dequantize_q2k(s, dst, cols);
+    case QuantType::Q3_K: return dequantize_q3k(s, dst, cols);
+    case QuantType::IQ4_XS: return dequantize_iq4xs(s, dst, cols);
     default: break;
   }
-  throw std::invalid_argument(std::string("k_dequantize_row: ") + quant_name(type) + " is not a K type");
+  throw std::invalid_argument(std::string("k_dequantize_row: ") + quant_name(type) + " is not a 256-value super-block type");
 }
 
 void k_quantize_activation_row(const float* x, void* dst, int64_t cols) {
@@ -293,9 +477,12 @@ DotKernel k_portable_kernel(QuantType type) {
     case QuantType::Q4_K: return dot_q45k<false>;
     case QuantType::Q5_K: return dot_q45k<true>;
     case QuantType::Q6_K: return dot_q6k;
+    case QuantType::Q2_K: return dot_q2k;
+    case QuantType::Q3_K: return dot_q3k;
+    case QuantType::IQ4_XS: return dot_iq4xs;
     default: break;
   }
-  throw std::invalid_argument(std::string("k_portable_kernel: ") + quant_name(type) + " is not a K type");
+  throw std::invalid_argument(std::string("k_portable_kernel: ") + quant_name(type) + " is not a 256-value super-block type");
 }
 
 }  // namespace kvpipe::quant_impl

@@ -1,12 +1,14 @@
-// The K types' AVX2 + FMA half (quant_impl.h): dot kernels for Q4_K, Q5_K and Q6_K against
-// Q8_K activations, and a vector Q8_K quantiser. The file is built for baseline x86-64; the
+// The 256-value super-block types' AVX2 + FMA half (quant_impl.h): dot kernels for Q2_K, Q3_K,
+// Q4_K, Q5_K, Q6_K and IQ4_XS against Q8_K activations, and a vector Q8_K quantiser. The file is built for baseline x86-64; the
 // functions carry target attributes and quant_types.cpp calls them only where the processor
 // has AVX2, FMA and F16C.
 //
 // The integer scheme is llama.cpp's: unsigned weight quants times signed activation bytes with
 // maddubs (16-bit pair sums), the sub-block scales applied with madd (32-bit), one float
-// multiply per super-block and input; the Q4_K/Q5_K mins and the Q6_K offset of 32 come from
-// the activation block sums (bsums) instead of touching every value. Each kernel is
+// multiply per super-block and input; the Q2_K/Q4_K/Q5_K mins and the Q3_K/Q6_K offsets (4 and
+// 32) come from the activation block sums (bsums) instead of touching every value. IQ4_XS's
+// grid values are signed: their magnitudes go into maddubs and their signs onto the
+// activation bytes, as for ggml's Q8_0. Each kernel is
 // instantiated for 1..kMaxKernelInputs inputs: a weight chunk is unpacked once and multiplied
 // into every input while it sits in registers, so a group of inputs streams the weights once.
 #include "engine/kernels/cpu/quant_impl.h"
@@ -48,6 +50,13 @@ KVPIPE_AVX2 inline float hsum(__m256 v) {
 // A shuffle that repeats 16-bit element `e` of each 128-bit lane over that lane.
 KVPIPE_AVX2 inline __m256i repeat_word(int e) {
   return _mm256_set1_epi16(static_cast<short>(((2 * e + 1) << 8) | (2 * e)));
+}
+
+// The shuffle that gives, in 16-bit words, scale 2k of an eight-scale group in the low lane
+// and scale 2k + 1 in the high lane: for vectors of 32 values that span two 16-value
+// sub-blocks.
+KVPIPE_AVX2 inline __m256i lane_scales(int k) {
+  return _mm256_setr_m128i(_mm256_castsi256_si128(repeat_word(2 * k)), _mm256_castsi256_si128(repeat_word(2 * k + 1)));
 }
 
 // Pins an accumulator's value at this point of the computation: without it the compiler
@@ -201,9 +210,7 @@ KVPIPE_AVX2 void dot_q6k(const uint8_t* w, int64_t w_stride, const uint8_t* x, i
         for (int k = 0; k < 4; ++k) {
           // Values 0..15 of this vector take scale 2k of the half, values 16..31 scale 2k + 1.
           const __m256i q = six_bit_values(ql0, ql1, qh, k);
-          const __m256i s = _mm256_shuffle_epi8(
-              sc, _mm256_setr_m128i(_mm256_castsi256_si128(repeat_word(2 * k)),
-                                    _mm256_castsi256_si128(repeat_word(2 * k + 1))));
+          const __m256i s = _mm256_shuffle_epi8(sc, lane_scales(k));
 #pragma GCC unroll 4
           for (int n = 0; n < N; ++n) {
             const __m256i a = load256(xb + n * x_stride + kQ8KQs + 128 * h + 32 * k);
@@ -223,6 +230,172 @@ KVPIPE_AVX2 void dot_q6k(const uint8_t* w, int64_t w_stride, const uint8_t* x, i
 #pragma GCC unroll 4
     for (int n = 0; n < N; ++n) y[n * ldy + r] = hsum(acc[n]);
   }
+}
+
+// Q2_K (kThree false) and Q3_K (kThree true) rows against N activation rows. Both keep value
+// 128h + 32k + l in bits 2k, 2k+1 of qs[32h + l], sixteen sub-blocks of 16; Q3_K adds a third
+// bit from hmask (bit 4h + k of hmask[l]), taken here as unsigned 0..7 with its offset of 4
+// subtracted through the bsums, as Q6_K's 32.
+template <int N, bool kThree>
+KVPIPE_AVX2 void dot_q23k(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride, float* y,
+                          int64_t ldy, int64_t row_begin, int64_t row_end, int64_t cols) {
+  constexpr int64_t kBlockBytes = kThree ? 110 : 84;
+  constexpr int64_t kQs = kThree ? 32 : 16;
+  const int64_t blocks = cols / kSuperBlock;
+  const __m256i low2 = _mm256_set1_epi8(3);
+  const __m256i one = _mm256_set1_epi8(1);
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const uint8_t* row = w + r * w_stride;
+    __m256 acc[N];
+#pragma GCC unroll 4
+    for (int n = 0; n < N; ++n) acc[n] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* wb = row + b * kBlockBytes;
+      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + 64), _MM_HINT_T0);
+      const uint8_t* xb = x + b * kQ8KBytes;
+
+      // The sixteen scales as 16-bit words [s0..s7 | s8..s15], and what the bsums multiply:
+      // Q2_K's mins (high nibbles), Q3_K's scales (times -4 below).
+      __m256i sc16, by_bsums;
+      if (kThree) {
+        // Q3_K's 6-bit scales (quant_k.cpp's unpack_q3k_scales), four at a time in 32-bit words.
+        uint32_t aux[4];
+        std::memcpy(aux, wb + 96, 12);
+        const uint32_t top = aux[2];
+        aux[2] = ((aux[0] >> 4) & 0x0f0f0f0f) | (((top >> 4) & 0x03030303) << 4);
+        aux[3] = ((aux[1] >> 4) & 0x0f0f0f0f) | (((top >> 6) & 0x03030303) << 4);
+        aux[0] = (aux[0] & 0x0f0f0f0f) | (((top >> 0) & 0x03030303) << 4);
+        aux[1] = (aux[1] & 0x0f0f0f0f) | (((top >> 2) & 0x03030303) << 4);
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(aux));
+        sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(raw), _mm256_set1_epi16(32));
+        by_bsums = sc16;
+      } else {
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb));
+        sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(0x0f)));
+        by_bsums = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f)));
+      }
+
+      __m256i sumi[N], summ[N];
+#pragma GCC unroll 4
+      for (int n = 0; n < N; ++n) {
+        summ[n] = _mm256_madd_epi16(by_bsums, load256(xb + n * x_stride + kQ8KBsums));
+        sumi[n] = kThree ? _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(summ[n], 2))
+                         : _mm256_setzero_si256();
+      }
+
+      const __m256i half_scales[2] = {_mm256_permute4x64_epi64(sc16, 0x44), _mm256_permute4x64_epi64(sc16, 0xee)};
+      const __m256i hmask = kThree ? load256(wb) : _mm256_setzero_si256();
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m256i bits = load256(wb + kQs + 32 * h);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) {
+          __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * k), low2);
+          if (kThree)
+            q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hmask, 4 * h + k), one), 2));
+          const __m256i s = _mm256_shuffle_epi8(half_scales[h], lane_scales(k));
+#pragma GCC unroll 4
+          for (int n = 0; n < N; ++n) {
+            const __m256i a = load256(xb + n * x_stride + kQ8KQs + 128 * h + 32 * k);
+            sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(s, _mm256_maddubs_epi16(q, a)));
+            settle(sumi[n]);
+          }
+        }
+      }
+
+      if (kThree) {
+        const __m256 vd = _mm256_set1_ps(_cvtsh_ss(static_cast<unsigned short>(wb[108] | (wb[109] << 8))));
+#pragma GCC unroll 4
+        for (int n = 0; n < N; ++n) {
+          const __m256 xd = _mm256_broadcast_ss(reinterpret_cast<const float*>(xb + n * x_stride));
+          acc[n] = _mm256_fmadd_ps(xd, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(sumi[n])), acc[n]);
+        }
+      } else {
+        const __m128 d_dmin = _mm_cvtph_ps(_mm_cvtsi32_si128(load_i32(wb + 80)));
+        const __m256 vd = _mm256_broadcastss_ps(d_dmin);
+        const __m256 vdmin = _mm256_broadcastss_ps(_mm_movehdup_ps(d_dmin));
+#pragma GCC unroll 4
+        for (int n = 0; n < N; ++n) {
+          const __m256 block = _mm256_fnmadd_ps(vdmin, _mm256_cvtepi32_ps(summ[n]),
+                                                _mm256_mul_ps(vd, _mm256_cvtepi32_ps(sumi[n])));
+          acc[n] = _mm256_fmadd_ps(_mm256_broadcast_ss(reinterpret_cast<const float*>(xb + n * x_stride)), block,
+                                   acc[n]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int n = 0; n < N; ++n) y[n * ldy + r] = hsum(acc[n]);
+  }
+}
+
+// IQ4_XS rows against N activation rows: eight sub-blocks of 32, each's 16 bytes of nibbles
+// spread to 32 bytes (low nibbles, then high) and looked up in the grid with one shuffle.
+template <int N>
+KVPIPE_AVX2 void dot_iq4xs(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride, float* y,
+                           int64_t ldy, int64_t row_begin, int64_t row_end, int64_t cols) {
+  constexpr int64_t kBlockBytes = 136;
+  const int64_t blocks = cols / kSuperBlock;
+  const __m256i grid = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues)));
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const uint8_t* row = w + r * w_stride;
+    __m256 acc[N];
+#pragma GCC unroll 4
+    for (int n = 0; n < N; ++n) acc[n] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* wb = row + b * kBlockBytes;
+      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + 64), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + 128), _MM_HINT_T0);
+      const uint8_t* xb = x + b * kQ8KBytes;
+      uint16_t high;
+      std::memcpy(&high, wb + 2, sizeof high);
+      int16_t sc[8];
+      for (int ib = 0; ib < 8; ++ib)
+        sc[ib] = static_cast<int16_t>((((wb[4 + ib / 2] >> (4 * (ib % 2))) & 0xf) | (((high >> (2 * ib)) & 3) << 4)) - 32);
+
+      __m256i sumi[N];
+#pragma GCC unroll 4
+      for (int n = 0; n < N; ++n) sumi[n] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int ib = 0; ib < 8; ++ib) {
+        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 8 + 16 * ib));
+        const __m256i nibbles =
+            _mm256_and_si256(_mm256_setr_m128i(packed, _mm_srli_epi16(packed, 4)), low4);
+        const __m256i v = _mm256_shuffle_epi8(grid, nibbles);
+        const __m256i mag = _mm256_sign_epi8(v, v);
+        const __m256i s = _mm256_set1_epi16(sc[ib]);
+#pragma GCC unroll 4
+        for (int n = 0; n < N; ++n) {
+          const __m256i a = _mm256_sign_epi8(load256(xb + n * x_stride + kQ8KQs + 32 * ib), v);
+          sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(s, _mm256_maddubs_epi16(mag, a)));
+          settle(sumi[n]);
+        }
+      }
+
+      const __m256 vd = _mm256_set1_ps(_cvtsh_ss(static_cast<unsigned short>(wb[0] | (wb[1] << 8))));
+#pragma GCC unroll 4
+      for (int n = 0; n < N; ++n) {
+        const __m256 xd = _mm256_broadcast_ss(reinterpret_cast<const float*>(xb + n * x_stride));
+        acc[n] = _mm256_fmadd_ps(xd, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(sumi[n])), acc[n]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int n = 0; n < N; ++n) y[n * ldy + r] = hsum(acc[n]);
+  }
+}
+
+template <int N>
+KVPIPE_AVX2 void dot_q2k_n(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride, float* y,
+                           int64_t ldy, int64_t row_begin, int64_t row_end, int64_t cols) {
+  dot_q23k<N, false>(w, w_stride, x, x_stride, y, ldy, row_begin, row_end, cols);
+}
+
+template <int N>
+KVPIPE_AVX2 void dot_q3k_n(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride, float* y,
+                           int64_t ldy, int64_t row_begin, int64_t row_end, int64_t cols) {
+  dot_q23k<N, true>(w, w_stride, x, x_stride, y, ldy, row_begin, row_end, cols);
 }
 
 template <int N>
@@ -261,6 +434,9 @@ DotKernel k_avx2_kernel(QuantType type) {
     case QuantType::Q4_K: return dispatch_inputs<dot_q4k_n<1>, dot_q4k_n<2>, dot_q4k_n<3>, dot_q4k_n<4>>;
     case QuantType::Q5_K: return dispatch_inputs<dot_q5k_n<1>, dot_q5k_n<2>, dot_q5k_n<3>, dot_q5k_n<4>>;
     case QuantType::Q6_K: return dispatch_inputs<dot_q6k<1>, dot_q6k<2>, dot_q6k<3>, dot_q6k<4>>;
+    case QuantType::Q2_K: return dispatch_inputs<dot_q2k_n<1>, dot_q2k_n<2>, dot_q2k_n<3>, dot_q2k_n<4>>;
+    case QuantType::Q3_K: return dispatch_inputs<dot_q3k_n<1>, dot_q3k_n<2>, dot_q3k_n<3>, dot_q3k_n<4>>;
+    case QuantType::IQ4_XS: return dispatch_inputs<dot_iq4xs<1>, dot_iq4xs<2>, dot_iq4xs<3>, dot_iq4xs<4>>;
     default: return nullptr;
   }
 }

@@ -1,5 +1,6 @@
 // The float and 32-value block types' portable half (quant_impl.h): F32, F16 and BF16 rows,
-// Q8_0, Q4_0 and Q4_1 blocks in ggml's layout, their F32 / Q8_0 / Q8_1 activations, and dot
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL blocks in ggml's layout, their F32 / Q8_0 / Q8_1
+// activations, and dot
 // kernels in plain C++ that are correct on any processor and are what the AVX2 kernels
 // (quant_legacy_avx2.cpp) are tested against.
 #include "engine/kernels/cpu/quant_impl.h"
@@ -29,6 +30,9 @@ constexpr int64_t kQ8_0Bytes = 34;  // fp16 d; int8 qs[32]
 constexpr int64_t kQ4_0Bytes = 18;  // fp16 d; uint8 qs[16]
 constexpr int64_t kQ4_1Bytes = 20;  // fp16 d; fp16 m; uint8 qs[16]
 constexpr int64_t kQ8_1Bytes = 36;  // fp16 d; fp16 s; int8 qs[32]
+constexpr int64_t kQ5_0Bytes = 22;  // fp16 d; uint8 qh[4]; uint8 qs[16]
+constexpr int64_t kQ5_1Bytes = 24;  // fp16 d; fp16 m; uint8 qh[4]; uint8 qs[16]
+constexpr int64_t kIQ4NLBytes = 18; // fp16 d; uint8 qs[16]
 
 inline uint16_t load_u16(const uint8_t* p) {
   uint16_t v;
@@ -57,6 +61,25 @@ inline void unpack_nibbles(const uint8_t* qs, int offset, int8_t* q) {
   for (int j = 0; j < 16; ++j) {
     q[j] = static_cast<int8_t>((qs[j] & 0x0f) - offset);
     q[j + 16] = static_cast<int8_t>((qs[j] >> 4) - offset);
+  }
+}
+
+// The 32 values of a Q5_0 / Q5_1 block (`qh` the four bytes of fifth bits, value i's at bit
+// i of the little-endian word) as integers; `offset` 16 for Q5_0, 0 for Q5_1.
+inline void unpack_five_bits(const uint8_t* qh_bytes, const uint8_t* qs, int offset, int8_t* q) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, sizeof qh);
+  for (int j = 0; j < 16; ++j) {
+    q[j] = static_cast<int8_t>(((qs[j] & 0x0f) | (((qh >> j) & 1) << 4)) - offset);
+    q[j + 16] = static_cast<int8_t>(((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - offset);
+  }
+}
+
+// IQ4_NL: each nibble indexes the non-uniform grid, low nibbles values 0..15.
+inline void unpack_iq4nl(const uint8_t* qs, int8_t* q) {
+  for (int j = 0; j < 16; ++j) {
+    q[j] = kIq4NlValues[qs[j] & 0x0f];
+    q[j + 16] = kIq4NlValues[qs[j] >> 4];
   }
 }
 
@@ -156,16 +179,21 @@ void dot_bf16(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_st
 // Block rows against 8-bit activations, as ggml's scalar vec_dot: each block's products
 // summed exactly in int32, then scaled by d_w * d_x into a float32 running sum. Each weight
 // block is unpacked once for all inputs.
-enum class BlockKind { kQ8_0, kQ4_0, kQ4_1 };
+enum class BlockKind { kQ8_0, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kIQ4_NL };
 
 template <BlockKind kKind>
 void dot_blocks(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride, int inputs,
                 float* y, int64_t ldy, int64_t row_begin, int64_t row_end, int64_t cols) {
+  // Q4_1 and Q5_1 carry an offset m and take Q8_1 activations.
+  constexpr bool kMin = kKind == BlockKind::kQ4_1 || kKind == BlockKind::kQ5_1;
   constexpr int64_t kWBytes = kKind == BlockKind::kQ8_0   ? kQ8_0Bytes
                               : kKind == BlockKind::kQ4_0 ? kQ4_0Bytes
-                                                          : kQ4_1Bytes;
-  constexpr int64_t kXBytes = kKind == BlockKind::kQ4_1 ? kQ8_1Bytes : kQ8_0Bytes;
-  constexpr int64_t kXQs = kKind == BlockKind::kQ4_1 ? 4 : 2;
+                              : kKind == BlockKind::kQ4_1 ? kQ4_1Bytes
+                              : kKind == BlockKind::kQ5_0 ? kQ5_0Bytes
+                              : kKind == BlockKind::kQ5_1 ? kQ5_1Bytes
+                                                          : kIQ4NLBytes;
+  constexpr int64_t kXBytes = kMin ? kQ8_1Bytes : kQ8_0Bytes;
+  constexpr int64_t kXQs = kMin ? 4 : 2;
   check_inputs(inputs);
   const int64_t blocks = cols / kBlock;
   for (int64_t r = row_begin; r < row_end; ++r) {
@@ -178,14 +206,20 @@ void dot_blocks(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_
         std::memcpy(q, wb + 2, kBlock);
       else if (kKind == BlockKind::kQ4_0)
         unpack_nibbles(wb + 2, 8, q);
-      else
+      else if (kKind == BlockKind::kQ4_1)
         unpack_nibbles(wb + 4, 0, q);
+      else if (kKind == BlockKind::kQ5_0)
+        unpack_five_bits(wb + 2, wb + 6, 16, q);
+      else if (kKind == BlockKind::kQ5_1)
+        unpack_five_bits(wb + 4, wb + 8, 0, q);
+      else
+        unpack_iq4nl(wb + 2, q);
       const float dw = load_half(wb);
-      const float mw = kKind == BlockKind::kQ4_1 ? load_half(wb + 2) : 0.0f;
+      const float mw = kMin ? load_half(wb + 2) : 0.0f;
       for (int j = 0; j < inputs; ++j) {
         const uint8_t* xb = x + j * x_stride + b * kXBytes;
         const float sumi = static_cast<float>(dot32(q, reinterpret_cast<const int8_t*>(xb + kXQs)));
-        if (kKind == BlockKind::kQ4_1) {
+        if (kMin) {
           // The offset m times the activation block's stored sum s (fp16), as ggml does: s
           // carries at most 2^-11 relative error, well under the 8-bit activations' own.
           sum[j] += (dw * load_half(xb)) * sumi + mw * load_half(xb + 2);
@@ -222,6 +256,34 @@ void legacy_dequantize_row(QuantType type, const void* src, float* dst, int64_t 
       return;
     case QuantType::Q8_0:
       return dequantize_q8_blocks(s, dst, cols, kQ8_0Bytes, 2);
+    case QuantType::Q5_0:
+    case QuantType::Q5_1: {
+      const bool q5_1 = type == QuantType::Q5_1;
+      const int64_t block_bytes = q5_1 ? kQ5_1Bytes : kQ5_0Bytes;
+      const int64_t qh_offset = q5_1 ? 4 : 2;
+      for (int64_t b = 0; b < cols / kBlock; ++b, dst += kBlock) {
+        const uint8_t* blk = s + b * block_bytes;
+        const float d = load_half(blk);
+        int8_t q[kBlock];
+        unpack_five_bits(blk + qh_offset, blk + qh_offset + 4, q5_1 ? 0 : 16, q);
+        if (q5_1) {
+          const float m = load_half(blk + 2);
+          for (int i = 0; i < kBlock; ++i) dst[i] = d * static_cast<float>(q[i]) + m;
+        } else {
+          for (int i = 0; i < kBlock; ++i) dst[i] = d * static_cast<float>(q[i]);
+        }
+      }
+      return;
+    }
+    case QuantType::IQ4_NL:
+      for (int64_t b = 0; b < cols / kBlock; ++b, dst += kBlock) {
+        const uint8_t* blk = s + b * kIQ4NLBytes;
+        const float d = load_half(blk);
+        int8_t q[kBlock];
+        unpack_iq4nl(blk + 2, q);
+        for (int i = 0; i < kBlock; ++i) dst[i] = d * static_cast<float>(q[i]);
+      }
+      return;
     case QuantType::Q4_0:
     case QuantType::Q4_1: {
       const bool q4_1 = type == QuantType::Q4_1;
@@ -291,6 +353,12 @@ DotKernel legacy_portable_kernel(QuantType type) {
       return dot_blocks<BlockKind::kQ4_0>;
     case QuantType::Q4_1:
       return dot_blocks<BlockKind::kQ4_1>;
+    case QuantType::Q5_0:
+      return dot_blocks<BlockKind::kQ5_0>;
+    case QuantType::Q5_1:
+      return dot_blocks<BlockKind::kQ5_1>;
+    case QuantType::IQ4_NL:
+      return dot_blocks<BlockKind::kIQ4_NL>;
     default:
       unsupported("legacy_portable_kernel", type);
   }

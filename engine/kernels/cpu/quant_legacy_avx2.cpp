@@ -1,15 +1,17 @@
 // The float and 32-value block types' AVX2 + FMA half (quant_impl.h): dot kernels for F32,
-// F16, BF16, Q8_0, Q4_0 and Q4_1 rows, and vector paths of the Q8_0 / Q8_1 activation
+// F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL rows, and vector paths of the Q8_0 / Q8_1 activation
 // quantiser and of dequantize_row. The file is built for baseline x86-64; the functions carry
 // target attributes and are called only where the processor has AVX2, FMA and F16C.
 //
 // The integer scheme is llama.cpp's: a block's 32 weight bytes times the activation's 32 bytes
 // with maddubs (unsigned x signed bytes, pairs summed to 16 bits), widened to int32 with madd,
 // converted to float and scaled by d_w * d_x. Q8_0's signed weights give maddubs their
-// absolute value and lend their sign to the activation. Q4_0's and Q4_1's nibbles go in
-// unsigned as stored, and a per-block term is added apart: Q4_1's m_w * s_x (s_x the
-// activation block's stored fp16 sum, as ggml does) and Q4_0's offset of 8 as
-// -8 d_w d_x sum(q_x), from activation sums taken once per call.
+// absolute value and lend their sign to the activation, and so do IQ4_NL's, looked up from
+// their nibbles with a byte shuffle. Q4_0's, Q4_1's, Q5_0's and Q5_1's quants go in unsigned
+// as stored (Q5's fifth bits spread from their 32-bit word onto the nibbles), and a
+// per-block term is added apart: Q4_1's and Q5_1's m_w * s_x (s_x the activation block's
+// stored fp16 sum, as ggml does) and Q4_0's and Q5_0's offset of 8 or 16 as
+// -offset d_w d_x sum(q_x), from activation sums taken once per call.
 //
 // Each kernel is instantiated for 1..kMaxKernelInputs inputs: a weight block (or eight float
 // weights) is unpacked once and multiplied into every input while it sits in registers, so a
@@ -44,6 +46,9 @@ constexpr int64_t kQ8_0Bytes = 34;
 constexpr int64_t kQ4_0Bytes = 18;
 constexpr int64_t kQ4_1Bytes = 20;
 constexpr int64_t kQ8_1Bytes = 36;
+constexpr int64_t kQ5_0Bytes = 22;
+constexpr int64_t kQ5_1Bytes = 24;
+constexpr int64_t kIQ4NLBytes = 18;
 
 inline uint16_t load_u16(const uint8_t* p) {
   uint16_t v;
@@ -203,21 +208,30 @@ KVPIPE_LEGACY_AVX2 void dot_float(const uint8_t* w, int64_t w_stride, const uint
 }
 
 // ---- 32-value blocks ---------------------------------------------------------------------
-enum class BlockKind { kQ8_0, kQ4_0, kQ4_1 };
+enum class BlockKind { kQ8_0, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kIQ4_NL };
 
 template <BlockKind kKind>
 struct BlockLayout {
   static constexpr int64_t kWBytes = kKind == BlockKind::kQ8_0   ? kQ8_0Bytes
                                      : kKind == BlockKind::kQ4_0 ? kQ4_0Bytes
-                                                                 : kQ4_1Bytes;
-  static constexpr int64_t kXBytes = kKind == BlockKind::kQ4_1 ? kQ8_1Bytes : kQ8_0Bytes;
-  static constexpr int64_t kXQs = kKind == BlockKind::kQ4_1 ? 4 : 2;
+                                     : kKind == BlockKind::kQ4_1 ? kQ4_1Bytes
+                                     : kKind == BlockKind::kQ5_0 ? kQ5_0Bytes
+                                     : kKind == BlockKind::kQ5_1 ? kQ5_1Bytes
+                                                                 : kIQ4NLBytes;
+  // Q4_1 and Q5_1: an offset m_w per block, and Q8_1 activations that carry their sums.
+  static constexpr bool kMin = kKind == BlockKind::kQ4_1 || kKind == BlockKind::kQ5_1;
+  // Q4_0 and Q5_0: unsigned quants whose offset (8 or 16) goes through the activation sums.
+  static constexpr int kOffset = kKind == BlockKind::kQ4_0 ? 8 : kKind == BlockKind::kQ5_0 ? 16 : 0;
+  // Q8_0 and IQ4_NL: signed weights, their sign moved onto the activation.
+  static constexpr bool kSigned = kKind == BlockKind::kQ8_0 || kKind == BlockKind::kIQ4_NL;
+  static constexpr int64_t kXBytes = kMin ? kQ8_1Bytes : kQ8_0Bytes;
+  static constexpr int64_t kXQs = kMin ? 4 : 2;
 };
 
 // The activation side of the block scales, converted once per call: d_x, and the per-block
-// offset term's activation factor (Q8_1's s_x for Q4_1; -8 * sum q_x for Q4_0, whose weights
-// are taken as unsigned nibbles and their offset of 8 applied through it). Padded to a
-// multiple of 8 blocks with zeros.
+// offset term's activation factor (Q8_1's s_x for Q4_1 and Q5_1; -offset * sum q_x for Q4_0
+// and Q5_0, whose weights are taken unsigned and their offset applied through it). Padded to
+// a multiple of 8 blocks with zeros.
 struct ActivationScales {
   std::vector<float> d, s;
 };
@@ -229,17 +243,17 @@ KVPIPE_LEGACY_AVX2 void prepare_activation_scales(const uint8_t* x, int64_t x_st
   using L = BlockLayout<kKind>;
   const size_t n = static_cast<size_t>(inputs * padded);
   sc.d.assign(n, 0.0f);
-  if constexpr (kKind != BlockKind::kQ8_0) sc.s.assign(n, 0.0f);
+  if constexpr (!L::kSigned) sc.s.assign(n, 0.0f);
   for (int m = 0; m < inputs; ++m) {
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* xb = x + m * x_stride + b * L::kXBytes;
       sc.d[m * padded + b] = _cvtsh_ss(load_u16(xb));
-      if constexpr (kKind == BlockKind::kQ4_1) {
+      if constexpr (L::kMin) {
         sc.s[m * padded + b] = _cvtsh_ss(load_u16(xb + 2));
-      } else if constexpr (kKind == BlockKind::kQ4_0) {
+      } else if constexpr (L::kOffset != 0) {
         const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), load256(xb + L::kXQs));
         sc.s[m * padded + b] =
-            static_cast<float>(-8 * hsum_i32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1))));
+            static_cast<float>(-L::kOffset * hsum_i32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1))));
       }
     }
   }
@@ -278,6 +292,18 @@ KVPIPE_LEGACY_AVX2 inline __m256i unpack_nibbles(const uint8_t* qs) {
                           _mm256_set1_epi8(0x0f));
 }
 
+// Q5's fifth bits (the 32-bit word at `qh`, value i's at bit i) as 0x10 in byte i: byte i of
+// the vector takes byte i / 8 of the word, and the bit i % 8 of it is tested.
+KVPIPE_LEGACY_AVX2 inline __m256i fifth_bits(const uint8_t* qh) {
+  uint32_t word;
+  std::memcpy(&word, qh, sizeof word);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(word)),
+      _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+  const __m256i select = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select), _mm256_set1_epi8(0x10));
+}
+
 // One weight block, unpacked: `a` is what maddubs takes as its unsigned operand and `sign`
 // (signed kinds) the bytes whose sign moves onto the activation.
 struct WeightBlock {
@@ -293,9 +319,20 @@ KVPIPE_LEGACY_AVX2 inline WeightBlock load_block(const uint8_t* wb) {
   } else if constexpr (kKind == BlockKind::kQ4_0) {
     blk.a = unpack_nibbles(wb + 2);
     blk.sign = blk.a;  // unused: the offset of 8 is applied through the activation sums
-  } else {
+  } else if constexpr (kKind == BlockKind::kQ4_1) {
     blk.a = unpack_nibbles(wb + 4);
     blk.sign = blk.a;  // unused: Q4_1's nibbles are unsigned
+  } else if constexpr (kKind == BlockKind::kQ5_0) {
+    blk.a = _mm256_or_si256(unpack_nibbles(wb + 6), fifth_bits(wb + 2));
+    blk.sign = blk.a;  // unused: the offset of 16 is applied through the activation sums
+  } else if constexpr (kKind == BlockKind::kQ5_1) {
+    blk.a = _mm256_or_si256(unpack_nibbles(wb + 8), fifth_bits(wb + 4));
+    blk.sign = blk.a;  // unused: Q5_1's quants are unsigned
+  } else {
+    const __m256i grid = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues)));
+    blk.sign = _mm256_shuffle_epi8(grid, unpack_nibbles(wb + 2));
+    blk.a = _mm256_sign_epi8(blk.sign, blk.sign);
   }
   return blk;
 }
@@ -304,7 +341,7 @@ KVPIPE_LEGACY_AVX2 inline WeightBlock load_block(const uint8_t* wb) {
 template <BlockKind kKind>
 KVPIPE_LEGACY_AVX2 inline __m256 block_products(const WeightBlock& blk, const uint8_t* xqs) {
   __m256i q = load256(xqs);
-  if constexpr (kKind == BlockKind::kQ8_0) q = _mm256_sign_epi8(q, blk.sign);
+  if constexpr (BlockLayout<kKind>::kSigned) q = _mm256_sign_epi8(q, blk.sign);
   const __m256i pairs = _mm256_maddubs_epi16(blk.a, q);
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
@@ -323,8 +360,8 @@ KVPIPE_LEGACY_AVX2 void dot_blocks(const uint8_t* w, int64_t w_stride, const uin
                                    int64_t x_stride, float* y, int64_t ldy, int64_t row_begin,
                                    int64_t row_end, int64_t cols) {
   using L = BlockLayout<kKind>;
-  constexpr bool kQ4_1 = kKind == BlockKind::kQ4_1;
-  constexpr bool kOffset = kKind != BlockKind::kQ8_0;  // a per-block term besides d_w d_x q_w.q_x
+  constexpr bool kMin = L::kMin;
+  constexpr bool kOffset = !L::kSigned;  // a per-block term besides d_w d_x q_w.q_x
   const int64_t blocks = cols / kBlock;
   const int64_t padded = (blocks + 7) / 8 * 8;
   thread_local ActivationScales xsc;
@@ -347,13 +384,13 @@ KVPIPE_LEGACY_AVX2 void dot_blocks(const uint8_t* w, int64_t w_stride, const uin
       const int64_t n = std::min<int64_t>(8, blocks - g);
       const __m256 dw = gather_halves<L::kWBytes>(wg, n);
       __m256 mw = _mm256_setzero_ps();
-      if constexpr (kQ4_1) mw = gather_halves<L::kWBytes>(wg + 2, n);
+      if constexpr (kMin) mw = gather_halves<L::kWBytes>(wg + 2, n);
       alignas(32) float scale[M][8];
 #pragma GCC unroll 4
       for (int m = 0; m < M; ++m) {
         const __m256 s8 = _mm256_mul_ps(dw, _mm256_loadu_ps(xd + m * padded + g));
         _mm256_store_ps(scale[m], s8);
-        if constexpr (kQ4_1) {
+        if constexpr (kMin) {
           offset[m] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(xs + m * padded + g), offset[m]);
         } else if constexpr (kOffset) {
           offset[m] = _mm256_fmadd_ps(s8, _mm256_loadu_ps(xs + m * padded + g), offset[m]);
@@ -562,6 +599,12 @@ DotKernel legacy_avx2_kernel(QuantType type) {
       return dispatch_inputs<BlockKernels<BlockKind::kQ4_0>::K>;
     case QuantType::Q4_1:
       return dispatch_inputs<BlockKernels<BlockKind::kQ4_1>::K>;
+    case QuantType::Q5_0:
+      return dispatch_inputs<BlockKernels<BlockKind::kQ5_0>::K>;
+    case QuantType::Q5_1:
+      return dispatch_inputs<BlockKernels<BlockKind::kQ5_1>::K>;
+    case QuantType::IQ4_NL:
+      return dispatch_inputs<BlockKernels<BlockKind::kIQ4_NL>::K>;
     default:
       break;
   }

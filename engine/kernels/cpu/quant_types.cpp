@@ -9,7 +9,13 @@
 namespace kvpipe {
 namespace {
 
-bool is_k_type(QuantType t) { return t == QuantType::Q4_K || t == QuantType::Q5_K || t == QuantType::Q6_K; }
+// The 256-value super-block types (quant_k*.cpp); the rest are float or 32-value block types.
+bool is_k_type(QuantType t) { return quant_traits(t).block_values == 256; }
+
+constexpr QuantType kAllTypes[] = {QuantType::F32,  QuantType::F16,  QuantType::BF16,   QuantType::Q8_0,
+                                   QuantType::Q4_0, QuantType::Q4_1, QuantType::Q4_K,   QuantType::Q5_K,
+                                   QuantType::Q6_K, QuantType::Q5_0, QuantType::Q5_1,   QuantType::IQ4_NL,
+                                   QuantType::Q2_K, QuantType::Q3_K, QuantType::IQ4_XS};
 
 }  // namespace
 
@@ -31,14 +37,16 @@ const QuantTraits& quant_traits(QuantType type) {
       {"BF16", 30, 1, 2, ActivationType::F32},        {"Q8_0", 8, 32, 34, ActivationType::Q8_0},
       {"Q4_0", 2, 32, 18, ActivationType::Q8_0},      {"Q4_1", 3, 32, 20, ActivationType::Q8_1},
       {"Q4_K", 12, 256, 144, ActivationType::Q8_K},   {"Q5_K", 13, 256, 176, ActivationType::Q8_K},
-      {"Q6_K", 14, 256, 210, ActivationType::Q8_K},
+      {"Q6_K", 14, 256, 210, ActivationType::Q8_K},   {"Q5_0", 6, 32, 22, ActivationType::Q8_0},
+      {"Q5_1", 7, 32, 24, ActivationType::Q8_1},      {"IQ4_NL", 20, 32, 18, ActivationType::Q8_0},
+      {"Q2_K", 10, 256, 84, ActivationType::Q8_K},    {"Q3_K", 11, 256, 110, ActivationType::Q8_K},
+      {"IQ4_XS", 23, 256, 136, ActivationType::Q8_K},
   };
   return traits[static_cast<int>(type)];
 }
 
 std::optional<QuantType> quant_type_from_ggml(uint32_t ggml_type) {
-  for (QuantType t : {QuantType::F32, QuantType::F16, QuantType::BF16, QuantType::Q8_0, QuantType::Q4_0,
-                      QuantType::Q4_1, QuantType::Q4_K, QuantType::Q5_K, QuantType::Q6_K})
+  for (QuantType t : kAllTypes)
     if (quant_traits(t).ggml_type == ggml_type) return t;
   return std::nullopt;
 }

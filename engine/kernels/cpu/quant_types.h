@@ -1,16 +1,20 @@
 // Weight storage types and the CPU dot-product kernels that read them as stored.
 //
 // A weight matrix keeps the bytes of its file: float32, float16 and bfloat16 rows, or ggml's
-// block formats (Q8_0, Q4_0, Q4_1 of 32 values; Q4_K, Q5_K, Q6_K super-blocks of 256 values,
-// laid out bit for bit as ggml's block_q* structs). A row of `cols` values is
-// row_bytes(type, cols) bytes and rows follow each other, so a matrix is one uint8 buffer
-// [rows, row_bytes].
+// block formats, laid out bit for bit as ggml's block_* structs: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+// and IQ4_NL blocks of 32 values; Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS super-blocks of 256.
+// These are every type llama-quantize's standard mixes write (Q2_K ... Q8_0, IQ4_NL, IQ4_XS),
+// including the 32-value types it falls back to for rows that are not a multiple of 256
+// values (hidden 576: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0,
+// IQ4_XS -> IQ4_NL). The other IQ types and the ternary TQ types have no kernels and are
+// refused by name where a file is read. A row of `cols` values is row_bytes(type, cols)
+// bytes and rows follow each other, so a matrix is one uint8 buffer [rows, row_bytes].
 //
 // Decode reads every weight once per token, so these kernels dequantise in registers and never
 // write a float copy of a weight. As in llama.cpp, the activations of the quantised types are
 // themselves quantised once per call to the 8-bit block format the type's integer dot product
-// wants (`activation_type`): Q8_0 for Q8_0 and Q4_0, Q8_1 (Q8_0 plus the block sum) for Q4_1,
-// Q8_K for the K types; float weights take float32 activations. The kernel set is chosen once
+// wants (`activation_type`): Q8_0 for Q8_0, Q4_0, Q5_0 and IQ4_NL, Q8_1 (Q8_0 plus the block
+// sum) for Q4_1 and Q5_1, Q8_K for the 256-value types; float weights take float32 activations. The kernel set is chosen once
 // at run time by what the processor has (AVX2 + FMA, else a portable C++ version that is
 // correct everywhere); every kernel computes the same sums as `dequantize_row` followed by a
 // float64 dot product with the dequantised activations, up to float32 rounding.
@@ -23,7 +27,9 @@
 
 namespace kvpipe {
 
-enum class QuantType : uint8_t { F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K };
+enum class QuantType : uint8_t {
+  F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, IQ4_XS
+};
 
 // Activation formats (never weights here): 8-bit blocks the integer dot products consume.
 enum class ActivationType : uint8_t { F32, Q8_0, Q8_1, Q8_K };
