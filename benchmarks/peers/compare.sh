@@ -4,12 +4,15 @@
 # threads, batched decode at batch 8 and 32, and each decode against the bandwidth floor of
 # the type's bytes.
 #
-#   benchmarks/peers/compare.sh [--runs N] [--types "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K_M Q5_K_M Q6_K"]
+#   benchmarks/peers/compare.sh [--runs N] [--types "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K_M
+#                               Q4_K_M Q5_K_M Q6_K IQ4_NL IQ4_XS"]
 #                               [--threads "1 2"] [--batches "8 32"] [--preset small]
 #
 # The F32, F16 and BF16 files are written by `kvpipe init-model --format gguf` (the weights of
 # `dummy:<preset>`); the quantised ones by llama.cpp's llama-quantize from the F16 file, so both
-# engines read the very same bytes. kvpipe: decode = 1000 / tpot_ms over 128 new tokens after a
+# engines read the very same bytes. A quantised type's name is any llama-quantize mix (Q3_K_S,
+# Q5_K_S, ...); the default list has one mix per stored type (Q2_K, Q3_K_M: mostly Q2_K and
+# Q3_K; IQ4_NL, IQ4_XS, Q5_0, Q5_1: those types throughout). kvpipe: decode = 1000 / tpot_ms over 128 new tokens after a
 # 16-token prompt, prefill = 512000 / ttft_ms of a 512-token prompt, batched decode = batch x
 # 1000 / median step ms of `batch` requests of 128 distinct prompt tokens and 32 new tokens.
 # llama.cpp: llama-bench tg128 and pp512, llama-batched-bench -npp 128 -ntg 32 (speed_tg).
@@ -17,7 +20,7 @@
 # weight bytes read per decode step. Every ratio is the median of per-run ratios.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-runs=3 types="F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q4_K_M Q5_K_M Q6_K" thread_list="1 2" batches="8 32" preset=small
+runs=3 types="F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K_M Q4_K_M Q5_K_M Q6_K IQ4_NL IQ4_XS" thread_list="1 2" batches="8 32" preset=small
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) runs=$2; shift 2 ;;

@@ -5,6 +5,10 @@ llama.cpp's raw logits, computed in float64) as one JSON line, in the shape of
 `kvpipe generate --logprobs-out`, so that the two can be compared value by value:
 
     python tests/peer/llama_logprobs.py --model M.gguf --prompt 1,17,42 [--steps 32] [--threads 1]
+                                        [--tokens 5,9,...]
+
+--tokens feeds those tokens instead of llama.cpp's own choices (one step each; --steps is then
+their count), so that llama.cpp's distributions are those of another engine's sequence.
 
 The KV cache is F32 (llama.cpp's default F16 alone moves log-probabilities by more than the
 comparisons' tolerance) and flash attention is off. Exit 3 when llama-cpp-python is missing.
@@ -22,7 +26,11 @@ def main() -> int:
     parser.add_argument("--prompt", required=True, help="comma-separated token ids")
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--tokens", help="comma-separated token ids to feed instead of the greedy ones")
     args = parser.parse_args()
+    forced = [int(t) for t in args.tokens.split(",")] if args.tokens else None
+    if forced is not None:
+        args.steps = len(forced)
     try:
         import llama_cpp
     except ImportError as e:
@@ -42,7 +50,7 @@ def main() -> int:
         logits = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64)
         shifted = logits - logits.max()
         logprobs = shifted - np.log(np.exp(shifted).sum())
-        token = int(np.argmax(logits))
+        token = forced[step] if forced is not None else int(np.argmax(logits))
         out.write(json.dumps({"id": 0, "step": step, "token": token,
                               "logprobs": logprobs.tolist()}) + "\n")
         tokens = [token]

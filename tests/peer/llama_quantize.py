@@ -3,14 +3,16 @@ llama-cpp-python), as the llama-quantize tool does:
 
     python tests/peer/llama_quantize.py IN.gguf OUT.gguf Q4_K_M
 
-Types: Q8_0, Q4_0, Q4_1, Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K. Exit 3 when llama-cpp-python is
-missing, 1 when quantisation fails.
+Types: the FTYPES below, llama.cpp's standard mixes (llama.h's LLAMA_FTYPE_MOSTLY_* ids) and
+TQ1_0, a ternary type kvpipe refuses. Exit 3 when llama-cpp-python is missing, 1 when
+quantisation fails.
 """
 import ctypes
 import sys
 
-FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17,
-          "Q6_K": 18}
+FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K_S": 11, "Q3_K_M": 12,
+          "Q3_K_L": 13, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18,
+          "IQ4_NL": 25, "IQ4_XS": 30, "TQ1_0": 36}
 
 
 def main() -> int:

@@ -1,9 +1,16 @@
 // Quantised GGUF files made by llama.cpp's own quantiser (llama_model_quantize, through
-// llama-cpp-python) from an `init-model` F16 file: kvpipe loads each in its stored types and
+// llama-cpp-python) from an `init-model` F16 file, every standard mix llama-quantize writes, for
+// a hidden size that is a multiple of 256 and for 576 (SmolLM2-135M's), whose rows of 576
+// values llama.cpp stores in its 32-value fallback types (Q4_K -> Q5_0, Q5_K -> Q5_1,
+// Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0, IQ4_XS -> IQ4_NL): kvpipe loads each in its stored types and
 // its greedy log-probabilities must be as close to a float64 run of the same dequantised
 // weights (tests/peer/f64_reference.py, numpy over the gguf package's dequantisation) as
-// llama.cpp's own are, plus 1e-3. Neither engine is the other's reference: both quantise
+// llama.cpp's own are, plus 1e-3 or 5% (`allowance`). Neither engine is the other's reference: both quantise
 // activations to 8 bits for their integer dot products, so both sit off the float64 result.
+// llama.cpp is fed kvpipe's greedy tokens, so that all three distributions are those of one
+// sequence: a random model has near-ties, and where the engines' greedy choices part, each
+// would be measured on a different continuation (at hidden 576 that alone moved the mean
+// error by 2.5e-3 between the engines' own sequences).
 //
 // The error compared is the mean |logprob - float64| over every step and vocabulary entry.
 // The largest single deviation is printed but not compared: 8-bit rounding makes it chaotic
@@ -21,6 +28,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -34,7 +42,14 @@ namespace {
 
 constexpr int kSteps = 12;
 const char* kPrompt = "1,17,42,99,5,300,12,7,250,251,3,64";
-constexpr double kAllowance = 1e-3;
+// How far kvpipe's mean error may exceed llama.cpp's: 1e-3, or 5% of llama.cpp's where that is
+// more. The 8-bit activations make both errors partly chaotic (a float32 rounding difference
+// upstream flips an activation's 8-bit value), and the chaos grows with the error itself: at
+// hidden 256 the errors are 0.012-0.022 and 1e-3 is about 5% of them; at hidden 576 they are
+// 0.034-0.045, kvpipe's portable and AVX2 kernels alone (both exact to 1e-6 on a product)
+// differ by 1.6e-3 on one step and 2e-4 on the mean of one Q2_K file, and the two engines'
+// per-step errors part in both directions after identical first steps.
+double allowance(double llama_mean) { return std::max(1e-3, 0.05 * llama_mean); }
 
 std::vector<int64_t> prompt_ids() {
   std::vector<int64_t> ids;
@@ -49,7 +64,21 @@ std::vector<int64_t> prompt_ids() {
   return ids;
 }
 
-class QuantParity : public ::testing::TestWithParam<std::string> {
+// A model shape: rows of `hidden` values in every projection but the down one.
+struct Shape {
+  const char* name;
+  const char* init_args;
+};
+const Shape kH256 = {"h256", "--hidden 256 --intermediate 768 --heads 4 --kv-heads 2"};
+const Shape kH576 = {"h576", "--hidden 576 --intermediate 1536 --heads 9 --kv-heads 3"};
+
+struct Case {
+  std::string mix;
+  Shape shape;
+  bool two_ranks;  // also run kvpipe as a two-stage pipeline
+};
+
+class QuantFiles : public ::testing::Test {
  protected:
   void SetUp() override {
     const CommandResult probe =
@@ -72,17 +101,22 @@ class QuantParity : public ::testing::TestWithParam<std::string> {
   };
 
   // |logprob - float64 reference| of `run`, the reference computed on the run's own tokens.
+  // The float64 run is computed once per token sequence (the engines' runs share one).
   Error error_against_f64(const std::string& model, const std::vector<LogprobStep>& run, const std::string& name) {
     nlohmann::json line;
     line["prompt"] = prompt_ids();
     std::vector<int64_t> tokens;
     for (const LogprobStep& s : run) tokens.push_back(s.token);
     line["tokens"] = tokens;
-    std::ofstream(dir_ / (name + "_tokens.jsonl")) << line.dump() << "\n";
-    const CommandResult r = run_command(python("f64_reference.py") + " --model " + model + " --runs " +
-                                            (dir_ / (name + "_tokens.jsonl")).string(), dir_);
-    EXPECT_TRUE(reference_ran(r, "float64 (numpy)"));
-    const auto ref = nlohmann::json::parse(r.out).at("steps");
+    if (tokens != ref_tokens_ || ref_.is_null()) {
+      std::ofstream(dir_ / (name + "_tokens.jsonl")) << line.dump() << "\n";
+      const CommandResult r = run_command(python("f64_reference.py") + " --model " + model + " --runs " +
+                                              (dir_ / (name + "_tokens.jsonl")).string(), dir_);
+      EXPECT_TRUE(reference_ran(r, "float64 (numpy)"));
+      ref_ = nlohmann::json::parse(r.out).at("steps");
+      ref_tokens_ = tokens;
+    }
+    const nlohmann::json& ref = ref_;
     EXPECT_EQ(ref.size(), run.size());
     Error e;
     int64_t count = 0;
@@ -100,17 +134,20 @@ class QuantParity : public ::testing::TestWithParam<std::string> {
   }
 
   fs::path dir_;
+  std::vector<int64_t> ref_tokens_;
+  nlohmann::json ref_;
 };
 
+class QuantParity : public QuantFiles, public ::testing::WithParamInterface<Case> {};
+
 TEST_P(QuantParity, ErrorAgainstFloat64NoLargerThanLlamaCpp) {
-  const std::string type = GetParam();
+  const std::string type = GetParam().mix;
   const std::string f16 = (dir_ / "f16.gguf").string(), model = (dir_ / (type + ".gguf")).string();
-  // Four layers: Q4_K_M and Q5_K_M then keep some v and down projections in Q6_K, so fused
-  // q/k/v mixes types. Rows of 256 and 768 values fit the K types' 256-value blocks.
-  CommandResult r = run_command(std::string(KVPIPE_BINARY) +
-                                    " init-model --format gguf --preset tiny --hidden 256 --intermediate 768 "
-                                    "--heads 4 --kv-heads 2 --layers 4 --dtype float16 --std 0.05 --seed 3 --out " +
-                                    f16, dir_);
+  // Four layers: the _M and _L mixes then keep some v and down projections in a larger type, so
+  // fused q/k/v mixes types.
+  CommandResult r = run_command(std::string(KVPIPE_BINARY) + " init-model --format gguf --preset tiny " +
+                                    GetParam().shape.init_args +
+                                    " --layers 4 --dtype float16 --std 0.05 --seed 3 --out " + f16, dir_);
   ASSERT_EQ(r.code, 0) << r.err;
   r = run_command(python("llama_quantize.py") + " " + f16 + " " + model + " " + type, dir_);
   ASSERT_TRUE(reference_ran(r, "llama.cpp quantizer"));
@@ -120,8 +157,10 @@ TEST_P(QuantParity, ErrorAgainstFloat64NoLargerThanLlamaCpp) {
   ASSERT_EQ(ours.result.code, 0) << ours.command << "\n" << ours.result.err;
   ASSERT_EQ(ours.steps.size(), static_cast<size_t>(kSteps));
 
+  std::string forced;
+  for (const LogprobStep& s : ours.steps) forced += (forced.empty() ? "" : ",") + std::to_string(s.token);
   const std::string cmd = python("llama_logprobs.py") + " --model " + model + " --prompt " + kPrompt +
-                          " --steps " + std::to_string(kSteps) + " --threads 1";
+                          " --tokens " + forced + " --threads 1";
   r = run_command(cmd, dir_);
   ASSERT_TRUE(reference_ran(r, "llama.cpp", cmd));
   const std::vector<LogprobStep> theirs = kvpipe::testing::parse_logprob_steps(r.out);
@@ -131,15 +170,66 @@ TEST_P(QuantParity, ErrorAgainstFloat64NoLargerThanLlamaCpp) {
   const Error ll = error_against_f64(model, theirs, "llama");
   std::printf("[ quant ] %s: |logprob - float64| mean kvpipe %.5f llama.cpp %.5f, max kvpipe %.4f llama.cpp %.4f\n",
               type.c_str(), kv.mean, ll.mean, kv.max, ll.max);
-  EXPECT_LE(kv.mean, ll.mean + kAllowance) << type;
+  EXPECT_LE(kv.mean, ll.mean + allowance(ll.mean)) << type;
   // The reference must see the quantisation (a float64 run is not trivially equal), and the
   // engines must be near it: a wrong scale or block layout moves log-probabilities by whole units.
   EXPECT_GT(ll.mean, 0.0);
   EXPECT_LT(kv.max, 0.5) << type;
+
+  if (GetParam().two_ranks) {
+    // Two pipeline stages hold different layers' weights; the computation, and so its error,
+    // is the one-rank run's.
+    const auto two = kvpipe::testing::run_kvpipe_logprobs(KVPIPE_BINARY, KVPIPE_MPIRUN, dir_, model, 2);
+    ASSERT_EQ(two.result.code, 0) << two.command << "\n" << two.result.err;
+    ASSERT_EQ(two.steps.size(), static_cast<size_t>(kSteps));
+    const Error kv2 = error_against_f64(model, two.steps, "kvpipe_2");
+    std::printf("[ quant ] %s on 2 ranks: |logprob - float64| mean %.5f max %.4f\n", type.c_str(), kv2.mean,
+                kv2.max);
+    EXPECT_LE(kv2.mean, ll.mean + allowance(ll.mean)) << type << " on 2 ranks";
+    EXPECT_LT(kv2.max, 0.5) << type << " on 2 ranks";
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(LlamaQuantize, QuantParity,
-                         ::testing::Values("Q8_0", "Q4_0", "Q4_1", "Q4_K_M", "Q5_K_M", "Q6_K"),
-                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+std::vector<Case> cases() {
+  const char* mixes[] = {"Q2_K",   "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_0",   "Q4_1", "Q4_K_S", "Q4_K_M",
+                         "Q5_0",   "Q5_1",   "Q5_K_S", "Q5_K_M", "Q6_K",   "Q8_0", "IQ4_NL", "IQ4_XS"};
+  // Two ranks for a mix of each family at hidden 576, where the fallback types meet the others.
+  const std::string two_ranks[] = {"Q3_K_M", "Q4_K_M", "Q5_K_M", "IQ4_XS"};
+  std::vector<Case> out;
+  for (const Shape& shape : {kH256, kH576})
+    for (const char* mix : mixes) {
+      bool two = false;
+      for (const std::string& t : two_ranks) two = two || (shape.name == kH576.name && t == mix);
+      out.push_back({mix, shape, two});
+    }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(LlamaQuantize, QuantParity, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& p) {
+                           return p.param.mix + "_" + p.param.shape.name;
+                         });
+
+// A file of a type kvpipe has no kernels for (llama.cpp's ternary TQ1_0) is refused by name:
+// one line naming the file, the tensor and the type, exit code 2.
+TEST_F(QuantFiles, UnsupportedTypeIsRefusedByName) {
+  const std::string f16 = (dir_ / "f16.gguf").string(), model = (dir_ / "TQ1_0.gguf").string();
+  CommandResult r = run_command(std::string(KVPIPE_BINARY) + " init-model --format gguf --preset tiny " +
+                                    kH256.init_args + " --layers 1 --dtype float16 --seed 3 --out " + f16, dir_);
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run_command(python("llama_quantize.py") + " " + f16 + " " + model + " TQ1_0", dir_);
+  ASSERT_TRUE(reference_ran(r, "llama.cpp quantizer"));
+  kvpipe::testing::write_greedy_job(dir_, model, kPrompt, 1);
+  const auto run = kvpipe::testing::run_kvpipe_logprobs(KVPIPE_BINARY, KVPIPE_MPIRUN, dir_, model, 1);
+  EXPECT_EQ(run.result.code, 2) << run.result.err;
+  // The plan's lines come first; the error is one line of its own, and the only one.
+  std::vector<std::string> errors;
+  std::istringstream lines(run.result.err);
+  for (std::string line; std::getline(lines, line);)
+    if (line.find("error") != std::string::npos) errors.push_back(line);
+  ASSERT_EQ(errors.size(), 1u) << run.result.err;
+  EXPECT_EQ(errors[0].rfind("kvpipe: error: " + model + ": tensor '", 0), 0u) << errors[0];
+  EXPECT_NE(errors[0].find("' has type TQ1_0, which is not supported"), std::string::npos) << errors[0];
+}
 
 }  // namespace

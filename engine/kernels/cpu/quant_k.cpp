@@ -213,28 +213,63 @@ void dot_q45k(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_st
   }
 }
 
-// Q6_K: value = d * sc * (q - 32), sixteen sub-blocks of 16 with signed 8-bit scales.
-void dot_q6k(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride, int inputs, float* y,
-             int64_t ldy, int64_t row_begin, int64_t row_end, int64_t cols) {
+// The types whose values are d * sc[s] * q with a signed integer scale per sub-block of kSub
+// values and no min: Q3_K and Q6_K (16 sub-blocks of 16) and IQ4_XS (8 of 32). `unpack` gives
+// a super-block's signed values and scales, and returns its d.
+using UnpackScaled = float (*)(const uint8_t* block, int8_t* q, int* sc);
+
+float unpack_q3k_block(const uint8_t* b, int8_t* q, int* sc) {
+  unpack_q3k(b, q);
+  unpack_q3k_scales(b + 96, sc);
+  return load_half(b + 108);
+}
+
+float unpack_q6k_block(const uint8_t* b, int8_t* q, int* sc) {
+  unpack_q6k(b, q);
+  for (int s = 0; s < 16; ++s) sc[s] = static_cast<int8_t>(b[192 + s]);
+  return load_half(b + 208);
+}
+
+float unpack_iq4xs_block(const uint8_t* b, int8_t* q, int* sc) {
+  unpack_iq4xs(b, q, sc);
+  return load_half(b);
+}
+
+template <int kSub, int64_t kBlockBytes, UnpackScaled kUnpack>
+void dot_scaled(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride, int inputs, float* y,
+                int64_t ldy, int64_t row_begin, int64_t row_end, int64_t cols) {
   const int64_t blocks = cols / kSuperBlock;
   int8_t q[kSuperBlock];
+  int sc[kSuperBlock / kSub];
   for (int64_t r = row_begin; r < row_end; ++r) {
     const uint8_t* row = w + r * w_stride;
     float acc[kMaxKernelInputs] = {};
     for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* wb = row + b * kQ6KBytes;
-      const int8_t* sc = reinterpret_cast<const int8_t*>(wb + 192);
-      const float d = load_half(wb + 208);
-      unpack_q6k(wb, q);
+      const float d = kUnpack(row + b * kBlockBytes, q, sc);
       for (int i = 0; i < inputs; ++i) {
         const uint8_t* xb = x + i * x_stride + b * kQ8KBytes;
         const int8_t* a = reinterpret_cast<const int8_t*>(xb + kQ8KQs);
         int32_t sumi = 0;
-        for (int s = 0; s < 16; ++s) sumi += sc[s] * dot_i8(q + 16 * s, a + 16 * s, 16);
+        for (int s = 0; s < kSuperBlock / kSub; ++s) sumi += sc[s] * dot_i8(q + kSub * s, a + kSub * s, kSub);
         acc[i] += load_float(xb) * d * static_cast<float>(sumi);
       }
     }
     for (int i = 0; i < inputs; ++i) y[i * ldy + r] = acc[i];
+  }
+}
+
+// ggml's order of operations: the sub-block scale d * sc first, then times q.
+template <int kSub, int64_t kBlockBytes, UnpackScaled kUnpack>
+void dequantize_scaled(const uint8_t* src, float* dst, int64_t cols) {
+  int8_t q[kSuperBlock];
+  int sc[kSuperBlock / kSub];
+  for (int64_t b = 0; b < cols / kSuperBlock; ++b) {
+    const float d = kUnpack(src + b * kBlockBytes, q, sc);
+    float* out = dst + b * kSuperBlock;
+    for (int s = 0; s < kSuperBlock / kSub; ++s) {
+      const float ds = d * static_cast<float>(sc[s]);
+      for (int l = 0; l < kSub; ++l) out[kSub * s + l] = ds * static_cast<float>(q[kSub * s + l]);
+    }
   }
 }
 
@@ -267,59 +302,7 @@ void dot_q2k(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_str
   }
 }
 
-// Q3_K: value = d * (sc - 32) * q, sixteen sub-blocks of 16.
-void dot_q3k(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride, int inputs, float* y,
-             int64_t ldy, int64_t row_begin, int64_t row_end, int64_t cols) {
-  const int64_t blocks = cols / kSuperBlock;
-  int8_t q[kSuperBlock];
-  int sc[16];
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    const uint8_t* row = w + r * w_stride;
-    float acc[kMaxKernelInputs] = {};
-    for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* wb = row + b * kQ3KBytes;
-      const float d = load_half(wb + 108);
-      unpack_q3k(wb, q);
-      unpack_q3k_scales(wb + 96, sc);
-      for (int i = 0; i < inputs; ++i) {
-        const uint8_t* xb = x + i * x_stride + b * kQ8KBytes;
-        const int8_t* a = reinterpret_cast<const int8_t*>(xb + kQ8KQs);
-        int32_t sumi = 0;
-        for (int s = 0; s < 16; ++s) sumi += sc[s] * dot_i8(q + 16 * s, a + 16 * s, 16);
-        acc[i] += load_float(xb) * d * static_cast<float>(sumi);
-      }
-    }
-    for (int i = 0; i < inputs; ++i) y[i * ldy + r] = acc[i];
-  }
-}
-
-// IQ4_XS: value = d * (sc - 32) * grid[q], eight sub-blocks of 32.
-void dot_iq4xs(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride, int inputs, float* y,
-               int64_t ldy, int64_t row_begin, int64_t row_end, int64_t cols) {
-  const int64_t blocks = cols / kSuperBlock;
-  int8_t q[kSuperBlock];
-  int sc[8];
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    const uint8_t* row = w + r * w_stride;
-    float acc[kMaxKernelInputs] = {};
-    for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* wb = row + b * kIQ4XSBytes;
-      const float d = load_half(wb);
-      unpack_iq4xs(wb, q, sc);
-      for (int i = 0; i < inputs; ++i) {
-        const uint8_t* xb = x + i * x_stride + b * kQ8KBytes;
-        const int8_t* a = reinterpret_cast<const int8_t*>(xb + kQ8KQs);
-        int32_t sumi = 0;
-        for (int s = 0; s < 8; ++s) sumi += sc[s] * dot_i8(q + 32 * s, a + 32 * s, 32);
-        acc[i] += load_float(xb) * d * static_cast<float>(sumi);
-      }
-    }
-    for (int i = 0; i < inputs; ++i) y[i * ldy + r] = acc[i];
-  }
-}
-
-// ggml's dequantisers' order of operations: the sub-block scale d * sc first, then times q
-// (and for Q2_K less dmin * m).
+// ggml's order of operations: the sub-block scale d * sc first, then times q, less dmin * m.
 void dequantize_q2k(const uint8_t* src, float* dst, int64_t cols) {
   uint8_t q[kSuperBlock];
   for (int64_t b = 0; b < cols / kSuperBlock; ++b) {
@@ -332,37 +315,6 @@ void dequantize_q2k(const uint8_t* src, float* dst, int64_t cols) {
       const float dl = d * static_cast<float>(wb[s] & 0xf);
       const float ml = dmin * static_cast<float>(wb[s] >> 4);
       for (int l = 0; l < 16; ++l) out[16 * s + l] = dl * static_cast<float>(q[16 * s + l]) - ml;
-    }
-  }
-}
-
-void dequantize_q3k(const uint8_t* src, float* dst, int64_t cols) {
-  int8_t q[kSuperBlock];
-  int sc[16];
-  for (int64_t b = 0; b < cols / kSuperBlock; ++b) {
-    const uint8_t* wb = src + b * kQ3KBytes;
-    const float d = load_half(wb + 108);
-    unpack_q3k(wb, q);
-    unpack_q3k_scales(wb + 96, sc);
-    float* out = dst + b * kSuperBlock;
-    for (int s = 0; s < 16; ++s) {
-      const float dl = d * static_cast<float>(sc[s]);
-      for (int l = 0; l < 16; ++l) out[16 * s + l] = dl * static_cast<float>(q[16 * s + l]);
-    }
-  }
-}
-
-void dequantize_iq4xs(const uint8_t* src, float* dst, int64_t cols) {
-  int8_t q[kSuperBlock];
-  int sc[8];
-  for (int64_t b = 0; b < cols / kSuperBlock; ++b) {
-    const uint8_t* wb = src + b * kIQ4XSBytes;
-    const float d = load_half(wb);
-    unpack_iq4xs(wb, q, sc);
-    float* out = dst + b * kSuperBlock;
-    for (int s = 0; s < 8; ++s) {
-      const float dl = d * static_cast<float>(sc[s]);
-      for (int l = 0; l < 32; ++l) out[32 * s + l] = dl * static_cast<float>(q[32 * s + l]);
     }
   }
 }
@@ -390,22 +342,6 @@ void dequantize_q45k(const uint8_t* src, float* dst, int64_t cols, bool five_bit
   }
 }
 
-void dequantize_q6k(const uint8_t* src, float* dst, int64_t cols) {
-  int8_t q[kSuperBlock];
-  for (int64_t b = 0; b < cols / kSuperBlock; ++b) {
-    const uint8_t* wb = src + b * kQ6KBytes;
-    const int8_t* sc = reinterpret_cast<const int8_t*>(wb + 192);
-    const float d = load_half(wb + 208);
-    unpack_q6k(wb, q);
-    float* out = dst + b * kSuperBlock;
-    for (int s = 0; s < 16; ++s) {
-      const float ds = d * static_cast<float>(sc[s]);
-      for (int l = 0; l < 16; ++l) out[16 * s + l] = ds * static_cast<float>(q[16 * s + l]);
-    }
-  }
-}
-
-
 }  // namespace
 
 void k_dequantize_row(QuantType type, const void* src, float* dst, int64_t cols) {
@@ -413,10 +349,10 @@ void k_dequantize_row(QuantType type, const void* src, float* dst, int64_t cols)
   switch (type) {
     case QuantType::Q4_K: return dequantize_q45k(s, dst, cols, false);
     case QuantType::Q5_K: return dequantize_q45k(s, dst, cols, true);
-    case QuantType::Q6_K: return dequantize_q6k(s, dst, cols);
+    case QuantType::Q6_K: return dequantize_scaled<16, kQ6KBytes, unpack_q6k_block>(s, dst, cols);
     case QuantType::Q2_K: return dequantize_q2k(s, dst, cols);
-    case QuantType::Q3_K: return dequantize_q3k(s, dst, cols);
-    case QuantType::IQ4_XS: return dequantize_iq4xs(s, dst, cols);
+    case QuantType::Q3_K: return dequantize_scaled<16, kQ3KBytes, unpack_q3k_block>(s, dst, cols);
+    case QuantType::IQ4_XS: return dequantize_scaled<32, kIQ4XSBytes, unpack_iq4xs_block>(s, dst, cols);
     default: break;
   }
   throw std::invalid_argument(std::string("k_dequantize_row: ") + quant_name(type) + " is not a 256-value super-block type");
@@ -476,10 +412,10 @@ DotKernel k_portable_kernel(QuantType type) {
   switch (type) {
     case QuantType::Q4_K: return dot_q45k<false>;
     case QuantType::Q5_K: return dot_q45k<true>;
-    case QuantType::Q6_K: return dot_q6k;
+    case QuantType::Q6_K: return dot_scaled<16, kQ6KBytes, unpack_q6k_block>;
     case QuantType::Q2_K: return dot_q2k;
-    case QuantType::Q3_K: return dot_q3k;
-    case QuantType::IQ4_XS: return dot_iq4xs;
+    case QuantType::Q3_K: return dot_scaled<16, kQ3KBytes, unpack_q3k_block>;
+    case QuantType::IQ4_XS: return dot_scaled<32, kIQ4XSBytes, unpack_iq4xs_block>;
     default: break;
   }
   throw std::invalid_argument(std::string("k_portable_kernel: ") + quant_name(type) + " is not a 256-value super-block type");

@@ -64,6 +64,30 @@ KVPIPE_AVX2 inline __m256i lane_scales(int k) {
 // spills them.
 KVPIPE_AVX2 inline void settle(__m256i& v) { asm("" : "+x"(v)); }
 
+// sumi[n] += scales . (q x the 32 activation bytes of input n at a + n * x_stride), for N inputs.
+template <int N>
+KVPIPE_AVX2 inline void add_scaled_products(__m256i* sumi, __m256i scales, __m256i q, const uint8_t* a,
+                                            int64_t x_stride) {
+#pragma GCC unroll 4
+  for (int n = 0; n < N; ++n) {
+    sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(scales, _mm256_maddubs_epi16(q, load256(a + n * x_stride))));
+    settle(sumi[n]);
+  }
+}
+
+// acc[n] += d_x(n) * (d * sumi[n]): a super-block's integer sums under the weight's scale d and
+// each input's (the float at the start of its Q8_K block).
+template <int N>
+KVPIPE_AVX2 inline void add_block_sums(__m256* acc, const __m256i* sumi, float d, const uint8_t* xb,
+                                       int64_t x_stride) {
+  const __m256 vd = _mm256_set1_ps(d);
+#pragma GCC unroll 4
+  for (int n = 0; n < N; ++n) {
+    const __m256 xd = _mm256_broadcast_ss(reinterpret_cast<const float*>(xb + n * x_stride));
+    acc[n] = _mm256_fmadd_ps(xd, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(sumi[n])), acc[n]);
+  }
+}
+
 // Weights ahead of the current block the kernels ask for: the hardware prefetcher follows one
 // row well, but a few cache lines of head start hide the latency when rows start anew.
 constexpr int64_t kPrefetchBytes = 1024;
@@ -211,21 +235,11 @@ KVPIPE_AVX2 void dot_q6k(const uint8_t* w, int64_t w_stride, const uint8_t* x, i
           // Values 0..15 of this vector take scale 2k of the half, values 16..31 scale 2k + 1.
           const __m256i q = six_bit_values(ql0, ql1, qh, k);
           const __m256i s = _mm256_shuffle_epi8(sc, lane_scales(k));
-#pragma GCC unroll 4
-          for (int n = 0; n < N; ++n) {
-            const __m256i a = load256(xb + n * x_stride + kQ8KQs + 128 * h + 32 * k);
-            sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(s, _mm256_maddubs_epi16(q, a)));
-            settle(sumi[n]);
-          }
+          add_scaled_products<N>(sumi, s, q, xb + kQ8KQs + 128 * h + 32 * k, x_stride);
         }
       }
 
-      const __m256 vd = _mm256_set1_ps(_cvtsh_ss(static_cast<unsigned short>(wb[208] | (wb[209] << 8))));
-#pragma GCC unroll 4
-      for (int n = 0; n < N; ++n) {
-        const __m256 xd = _mm256_broadcast_ss(reinterpret_cast<const float*>(xb + n * x_stride));
-        acc[n] = _mm256_fmadd_ps(xd, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(sumi[n])), acc[n]);
-      }
+      add_block_sums<N>(acc, sumi, _cvtsh_ss(static_cast<unsigned short>(wb[208] | (wb[209] << 8))), xb, x_stride);
     }
 #pragma GCC unroll 4
     for (int n = 0; n < N; ++n) y[n * ldy + r] = hsum(acc[n]);
@@ -295,22 +309,12 @@ KVPIPE_AVX2 void dot_q23k(const uint8_t* w, int64_t w_stride, const uint8_t* x, 
           if (kThree)
             q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hmask, 4 * h + k), one), 2));
           const __m256i s = _mm256_shuffle_epi8(half_scales[h], lane_scales(k));
-#pragma GCC unroll 4
-          for (int n = 0; n < N; ++n) {
-            const __m256i a = load256(xb + n * x_stride + kQ8KQs + 128 * h + 32 * k);
-            sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(s, _mm256_maddubs_epi16(q, a)));
-            settle(sumi[n]);
-          }
+          add_scaled_products<N>(sumi, s, q, xb + kQ8KQs + 128 * h + 32 * k, x_stride);
         }
       }
 
       if (kThree) {
-        const __m256 vd = _mm256_set1_ps(_cvtsh_ss(static_cast<unsigned short>(wb[108] | (wb[109] << 8))));
-#pragma GCC unroll 4
-        for (int n = 0; n < N; ++n) {
-          const __m256 xd = _mm256_broadcast_ss(reinterpret_cast<const float*>(xb + n * x_stride));
-          acc[n] = _mm256_fmadd_ps(xd, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(sumi[n])), acc[n]);
-        }
+        add_block_sums<N>(acc, sumi, _cvtsh_ss(static_cast<unsigned short>(wb[108] | (wb[109] << 8))), xb, x_stride);
       } else {
         const __m128 d_dmin = _mm_cvtph_ps(_mm_cvtsi32_si128(load_i32(wb + 80)));
         const __m256 vd = _mm256_broadcastss_ps(d_dmin);
@@ -374,12 +378,7 @@ KVPIPE_AVX2 void dot_iq4xs(const uint8_t* w, int64_t w_stride, const uint8_t* x,
         }
       }
 
-      const __m256 vd = _mm256_set1_ps(_cvtsh_ss(static_cast<unsigned short>(wb[0] | (wb[1] << 8))));
-#pragma GCC unroll 4
-      for (int n = 0; n < N; ++n) {
-        const __m256 xd = _mm256_broadcast_ss(reinterpret_cast<const float*>(xb + n * x_stride));
-        acc[n] = _mm256_fmadd_ps(xd, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(sumi[n])), acc[n]);
-      }
+      add_block_sums<N>(acc, sumi, _cvtsh_ss(static_cast<unsigned short>(wb[0] | (wb[1] << 8))), xb, x_stride);
     }
 #pragma GCC unroll 4
     for (int n = 0; n < N; ++n) y[n * ldy + r] = hsum(acc[n]);
