@@ -5,9 +5,9 @@
 // fails before any tensor is used. The data section must be accounted for: tensors may not
 // overlap, and apart from alignment padding no byte of it may belong to no tensor, so a
 // header whose tensor count is off cannot shift every tensor onto the wrong bytes; tensor bytes are only touched when a tensor is loaded,
-// which lets a pipeline rank read just its own layers. Tensors of type F32, F16, BF16, Q8_0,
-// Q4_0, Q4_1, Q4_K, Q5_K and Q6_K load as matrices in their stored type (WeightMatrix) or as
-// float32 copies; any other type is refused, naming it.
+// which lets a pipeline rank read just its own layers. Tensors of the types quant_types.h lists
+// (F32, F16, BF16 and ggml's block types of llama-quantize's standard mixes) load as matrices
+// in their stored type (WeightMatrix) or as float32 copies; any other type is refused, naming it.
 //
 // The model-level functions translate between GGUF and the HF layout the engine runs:
 // llama's GGUF q/k rows are permuted per head (llama.cpp rotates adjacent pairs, HF rotates

@@ -1,7 +1,7 @@
 // The 256-value super-block types' AVX2 + FMA half (quant_impl.h): dot kernels for Q2_K, Q3_K,
-// Q4_K, Q5_K, Q6_K and IQ4_XS against Q8_K activations, and a vector Q8_K quantiser. The file is built for baseline x86-64; the
-// functions carry target attributes and quant_types.cpp calls them only where the processor
-// has AVX2, FMA and F16C.
+// Q4_K, Q5_K, Q6_K and IQ4_XS against Q8_K activations, and a vector Q8_K quantiser. The file
+// is built for baseline x86-64; the functions carry target attributes and quant_types.cpp
+// calls them only where the processor has AVX2, FMA and F16C.
 //
 // The integer scheme is llama.cpp's: unsigned weight quants times signed activation bytes with
 // maddubs (16-bit pair sums), the sub-block scales applied with madd (32-bit), one float
