@@ -1,12 +1,14 @@
 // Quantised GGUF files made by llama.cpp's own quantiser (llama_model_quantize, through
 // llama-cpp-python) from an `init-model` F16 file, every standard mix llama-quantize writes, for
-// a hidden size that is a multiple of 256 and for 576 (SmolLM2-135M's), whose rows of 576
+// a hidden size that is a multiple of 256 (256; 1024 as well for the mixes of the 256-value
+// types added last, Q2_K, Q3_K and IQ4_XS) and for 576 (SmolLM2-135M's), whose rows of 576
 // values llama.cpp stores in its 32-value fallback types (Q4_K -> Q5_0, Q5_K -> Q5_1,
 // Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0, IQ4_XS -> IQ4_NL): kvpipe loads each in its stored types and
 // its greedy log-probabilities must be as close to a float64 run of the same dequantised
 // weights (tests/peer/f64_reference.py, numpy over the gguf package's dequantisation) as
-// llama.cpp's own are, plus 1e-3 or 5% (`allowance`). Neither engine is the other's reference: both quantise
-// activations to 8 bits for their integer dot products, so both sit off the float64 result.
+// llama.cpp's own are, plus 1e-3 or 5% (`allowance`). Neither engine is the other's
+// reference: both quantise activations to 8 bits for their integer dot products, so both sit
+// off the float64 result.
 // llama.cpp is fed kvpipe's greedy tokens, so that all three distributions are those of one
 // sequence: a random model has near-ties, and where the engines' greedy choices part, each
 // would be measured on a different continuation (at hidden 576 that alone moved the mean
@@ -64,13 +66,16 @@ std::vector<int64_t> prompt_ids() {
   return ids;
 }
 
-// A model shape: rows of `hidden` values in every projection but the down one.
+// A model shape: rows of `hidden` values in every projection but the down one. The 1024-wide
+// model's weights are half as wide a normal, so its logits spread about as the others' do
+// (with std 0.05 its errors are four times theirs, and reach the largest-error bound below).
 struct Shape {
   const char* name;
   const char* init_args;
 };
-const Shape kH256 = {"h256", "--hidden 256 --intermediate 768 --heads 4 --kv-heads 2"};
-const Shape kH576 = {"h576", "--hidden 576 --intermediate 1536 --heads 9 --kv-heads 3"};
+const Shape kH256 = {"h256", "--hidden 256 --intermediate 768 --heads 4 --kv-heads 2 --std 0.05"};
+const Shape kH576 = {"h576", "--hidden 576 --intermediate 1536 --heads 9 --kv-heads 3 --std 0.05"};
+const Shape kH1024 = {"h1024", "--hidden 1024 --intermediate 2816 --heads 16 --kv-heads 8 --std 0.025"};
 
 struct Case {
   std::string mix;
@@ -147,7 +152,7 @@ TEST_P(QuantParity, ErrorAgainstFloat64NoLargerThanLlamaCpp) {
   // fused q/k/v mixes types.
   CommandResult r = run_command(std::string(KVPIPE_BINARY) + " init-model --format gguf --preset tiny " +
                                     GetParam().shape.init_args +
-                                    " --layers 4 --dtype float16 --std 0.05 --seed 3 --out " + f16, dir_);
+                                    " --layers 4 --dtype float16 --seed 3 --out " + f16, dir_);
   ASSERT_EQ(r.code, 0) << r.err;
   r = run_command(python("llama_quantize.py") + " " + f16 + " " + model + " " + type, dir_);
   ASSERT_TRUE(reference_ran(r, "llama.cpp quantizer"));
@@ -202,6 +207,8 @@ std::vector<Case> cases() {
       for (const std::string& t : two_ranks) two = two || (shape.name == kH576.name && t == mix);
       out.push_back({mix, shape, two});
     }
+  // A wider model for the new super-block types alone (a case there costs 2.5 times one at 256).
+  for (const char* mix : {"Q2_K", "Q3_K_M", "IQ4_XS"}) out.push_back({mix, kH1024, false});
   return out;
 }
 
