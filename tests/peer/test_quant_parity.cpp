@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <ostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -82,6 +83,9 @@ struct Case {
   Shape shape;
   bool two_ranks;  // also run kvpipe as a two-stage pipeline
 };
+
+// For gtest's messages: the case's name rather than its bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.mix << " " << c.shape.name << (c.two_ranks ? " 1+2 ranks" : ""); }
 
 class QuantFiles : public ::testing::Test {
  protected:
