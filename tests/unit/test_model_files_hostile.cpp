@@ -195,13 +195,13 @@ TEST_F(ModelFilesHostile, GgufByteCountOverflowIsRefused) {
 }
 
 TEST_F(ModelFilesHostile, GgufUnloadableTypesAreSizedToo) {
-  // A Q2_K row must be whole blocks even though Q2_K is never loaded.
+  // An IQ2_XXS row must be whole blocks even though IQ2_XXS is never loaded.
   GgufWriter w;
   w.add_string("general.architecture", "llama");
-  w.add_tensor("q2k", 10, {100}, std::string(84, '\0'));
-  write_bytes("q2k.gguf", w.serialize());
-  EXPECT_TRUE(mentions(refusal([&] { GgufFile f(path("q2k.gguf")); }),
-                       {path("q2k.gguf"), "tensor 'q2k'", "Q2_K row of 100 values is not a multiple of 256"}));
+  w.add_tensor("iq2", 16, {100}, std::string(66, '\0'));
+  write_bytes("iq2.gguf", w.serialize());
+  EXPECT_TRUE(mentions(refusal([&] { GgufFile f(path("iq2.gguf")); }),
+                       {path("iq2.gguf"), "tensor 'iq2'", "IQ2_XXS row of 100 values is not a multiple of 256"}));
 }
 
 // ---------------------------------------------------------------------------------------------
