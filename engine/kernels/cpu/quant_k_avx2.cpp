@@ -92,6 +92,13 @@ KVPIPE_AVX2 inline void add_block_sums(__m256* acc, const __m256i* sumi, float d
 // row well, but a few cache lines of head start hide the latency when rows start anew.
 constexpr int64_t kPrefetchBytes = 1024;
 
+// Asks for the kLines cache lines kPrefetchBytes ahead of a block at wb.
+template <int kLines>
+KVPIPE_AVX2 inline void prefetch_ahead(const uint8_t* wb) {
+#pragma GCC unroll 4
+  for (int i = 0; i < kLines; ++i) _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + 64 * i), _MM_HINT_T0);
+}
+
 // Q4_K (kFive false) and Q5_K (kFive true) rows against N activation rows.
 template <int N, bool kFive>
 KVPIPE_AVX2 void dot_q45k(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride, float* y,
@@ -110,9 +117,7 @@ KVPIPE_AVX2 void dot_q45k(const uint8_t* w, int64_t w_stride, const uint8_t* x, 
     for (int n = 0; n < N; ++n) acc[n] = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* wb = row + b * kBlockBytes;
-      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + 64), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + 128), _MM_HINT_T0);
+      prefetch_ahead<3>(wb);
       const uint8_t* xb = x + b * kQ8KBytes;
 
       // get_scale_min_k4 for all eight sub-blocks at once, as 32-bit words [A, C, B, D]: A and B
@@ -206,10 +211,7 @@ KVPIPE_AVX2 void dot_q6k(const uint8_t* w, int64_t w_stride, const uint8_t* x, i
     for (int n = 0; n < N; ++n) acc[n] = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* wb = row + b * kBlockBytes;
-      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + 64), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + 128), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + 192), _MM_HINT_T0);
+      prefetch_ahead<4>(wb);
       const uint8_t* xb = x + b * kQ8KBytes;
 
       // The 16 signed scales as 16-bit words: [sc0..sc7 | sc8..sc15].
@@ -265,8 +267,7 @@ KVPIPE_AVX2 void dot_q23k(const uint8_t* w, int64_t w_stride, const uint8_t* x, 
     for (int n = 0; n < N; ++n) acc[n] = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* wb = row + b * kBlockBytes;
-      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + 64), _MM_HINT_T0);
+      prefetch_ahead<2>(wb);
       const uint8_t* xb = x + b * kQ8KBytes;
 
       // The sixteen scales as 16-bit words [s0..s7 | s8..s15], and what the bsums multiply:
@@ -349,9 +350,7 @@ KVPIPE_AVX2 void dot_iq4xs(const uint8_t* w, int64_t w_stride, const uint8_t* x,
     for (int n = 0; n < N; ++n) acc[n] = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* wb = row + b * kBlockBytes;
-      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + 64), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + 128), _MM_HINT_T0);
+      prefetch_ahead<3>(wb);
       const uint8_t* xb = x + b * kQ8KBytes;
       uint16_t high;
       std::memcpy(&high, wb + 2, sizeof high);
