@@ -46,20 +46,25 @@ at::Tensor ModelShard::embed(const at::Tensor& token_ids) const {
   return weights_.embedding.gather_rows(token_ids, weights_.dtype);
 }
 
+std::array<at::Tensor, 3> ModelShard::project_qkv(const at::Tensor& x, const LayerWeights& w,
+                                                  const at::Tensor& positions) const {
+  const ModelConfig& c = weights_.config;
+  const int64_t T = x.size(0), q_dim = c.num_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
+  const at::Tensor qkv = w.qkv.matmul(x, w.qkv_bias);
+  // q and k heads are adjacent in the fused projection: normalise and rotate them in one pass.
+  const int64_t qk_heads = c.num_heads + c.num_kv_heads;
+  at::Tensor qk = qkv.narrow(1, 0, q_dim + kv_dim).view({T, qk_heads, c.head_dim});
+  if (w.qk_norm.defined()) qk = rms_norm(qk, w.qk_norm, c.rms_eps);
+  qk = apply_rope(qk, positions, rope_);
+  return {qk.narrow(1, 0, c.num_heads), qk.narrow(1, c.num_heads, c.num_kv_heads),
+          qkv.narrow(1, q_dim + kv_dim, kv_dim).reshape({T, c.num_kv_heads, c.head_dim})};
+}
+
 at::Tensor ModelShard::attention_block(const at::Tensor& x, int64_t local, const StepBatch& batch,
                                        const StepContext& ctx, BlockPool& pool) const {
   const ModelConfig& c = weights_.config;
   const LayerWeights& w = weights_.layer[local];
-  const int64_t T = x.size(0), q_dim = c.num_heads * c.head_dim,
-                kv_dim = c.num_kv_heads * c.head_dim;
-  const at::Tensor qkv = w.qkv.matmul(x, w.qkv_bias);
-  // q and k heads are adjacent in the fused projection: rotate them in one pass.
-  const int64_t qk_heads = c.num_heads + c.num_kv_heads;
-  const at::Tensor qk = apply_rope(qkv.narrow(1, 0, q_dim + kv_dim).view({T, qk_heads, c.head_dim}),
-                                   ctx.positions, rope_);
-  const at::Tensor q = qk.narrow(1, 0, c.num_heads);
-  const at::Tensor k = qk.narrow(1, c.num_heads, c.num_kv_heads);
-  const at::Tensor v = qkv.narrow(1, q_dim + kv_dim, kv_dim).reshape({T, c.num_kv_heads, c.head_dim});
+  const auto [q, k, v] = project_qkv(x, w, ctx.positions);
   const int64_t pool_layer = weights_.layers.begin + local - std::max(weights_.layers.begin, first_cached_layer_);
   pool.write(pool_layer, ctx.slots, k, v);
 
@@ -99,14 +104,7 @@ at::Tensor ModelShard::recompute_attention_block(const at::Tensor& x, int64_t lo
                                                  const StepContext& ctx) const {
   const ModelConfig& c = weights_.config;
   const LayerWeights& w = weights_.layer[local];
-  const int64_t T = x.size(0), q_dim = c.num_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
-  const at::Tensor qkv = w.qkv.matmul(x, w.qkv_bias);
-  const int64_t qk_heads = c.num_heads + c.num_kv_heads;
-  const at::Tensor qk = apply_rope(qkv.narrow(1, 0, q_dim + kv_dim).view({T, qk_heads, c.head_dim}),
-                                   ctx.full_positions, rope_);
-  const at::Tensor q = qk.narrow(1, 0, c.num_heads);
-  const at::Tensor k = qk.narrow(1, c.num_heads, c.num_kv_heads);
-  const at::Tensor v = qkv.narrow(1, q_dim + kv_dim, kv_dim).reshape({T, c.num_kv_heads, c.head_dim});
+  const auto [q, k, v] = project_qkv(x, w, ctx.full_positions);
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   const AttentionWindow window{batch.window_sinks, batch.window_recent};
   std::vector<at::Tensor> outs;

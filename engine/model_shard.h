@@ -63,6 +63,9 @@ class ModelShard {
   bool step_reads_keys(const BlockPool& pool, const StepBatch& batch) const;
 
  private:
+  // x [T, hidden] -> q [T, heads, head_dim] and k, v [T, kv_heads, head_dim], q and k
+  // normalised where the model says so and rotated at `positions`.
+  std::array<at::Tensor, 3> project_qkv(const at::Tensor& x, const LayerWeights& w, const at::Tensor& positions) const;
   at::Tensor attention_block(const at::Tensor& x, int64_t local_layer, const StepBatch& batch,
                              const StepContext& ctx, BlockPool& pool) const;
   at::Tensor recompute_attention_block(const at::Tensor& x, int64_t local_layer, const StepBatch& batch,

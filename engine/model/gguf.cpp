@@ -1,5 +1,6 @@
 #include "engine/model/gguf.h"
 
+#include "engine/model/architecture.h"
 #include "engine/model/mapped_file.h"
 
 #include <ATen/ATen.h>
@@ -176,11 +177,16 @@ std::string layer_suffix_to_gguf(const std::string& s) {
       {"self_attn.q_proj.bias", "attn_q.bias"},
       {"self_attn.k_proj.bias", "attn_k.bias"},
       {"self_attn.v_proj.bias", "attn_v.bias"},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+      {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
       {"self_attn.o_proj.weight", "attn_output.weight"},
       {"post_attention_layernorm.weight", "ffn_norm.weight"},
       {"mlp.gate_proj.weight", "ffn_gate.weight"},
       {"mlp.up_proj.weight", "ffn_up.weight"},
-      {"mlp.down_proj.weight", "ffn_down.weight"}};
+      {"mlp.down_proj.weight", "ffn_down.weight"},
+      // Phi-3's fused gate/up: llama.cpp's ffn_up of 2 * feed_forward_length rows, gate first.
+      {"mlp.gate_up_proj.weight", "ffn_up.weight"}};
   const auto it = m.find(s);
   return it == m.end() ? std::string() : it->second;
 }
@@ -189,9 +195,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::string arch_of(const ModelConfig& cfg) {
-  return cfg.architecture == "Qwen2ForCausalLM" ? "qwen2" : "llama";
-}
+std::string arch_of(const ModelConfig& cfg) { return architecture(cfg.architecture).gguf_name; }
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string out = "[";
@@ -584,14 +588,12 @@ at::Tensor gguf_unpermute_rows(const at::Tensor& w, int64_t heads) {
 ModelConfig gguf_config(const GgufFile& f) {
   const std::string arch = f.get_string("general.architecture");
   ModelConfig c;
-  if (arch == "llama") {
-    c.architecture = "LlamaForCausalLM";
-  } else if (arch == "qwen2") {
-    c.architecture = "Qwen2ForCausalLM";
-    c.qkv_bias = true;
-  } else {
-    fail(f.path(), "general.architecture '" + arch + "' is not supported (llama, qwen2)");
-  }
+  const Architecture* traits = find_gguf_architecture(arch);
+  if (traits == nullptr)
+    fail(f.path(), "general.architecture '" + arch + "' is not supported (" + supported_gguf_architecture_names() + ")");
+  c.architecture = traits->hf_name;
+  c.qkv_bias = traits->qkv_bias;
+  c.qk_norm = traits->qk_norm;
   const std::string k = arch + ".";
   // llama.cpp writes Mixtral-style models as llama with experts, whose feed-forward tensors
   // kvpipe has no place for.
@@ -670,6 +672,17 @@ ModelConfig gguf_config(const GgufFile& f) {
     c.rope_scaling.freq_factors.assign(factors.data_ptr<double>(), factors.data_ptr<double>() + factors.numel());
   }
 
+  // Phi-3's longrope writes its per-frequency factors as two tensors (llama.cpp picks one by
+  // context length); kvpipe has no longrope.
+  for (const char* name : {"rope_factors_long.weight", "rope_factors_short.weight"})
+    if (f.contains(name)) fail(f.path(), std::string("tensor '") + name + "': longrope RoPE scaling is not supported");
+  // A window on every layer is honoured by capping the context at it, as load_hf_config does
+  // (llama.cpp itself runs Phi-3 without one).
+  if (f.has(k + "attention.sliding_window")) {
+    const int64_t w = f.get_int(k + "attention.sliding_window");
+    if (w > 0 && w < c.max_position) c.max_position = w;
+  }
+
   const GgufTensorInfo& embd = f.tensor("token_embd.weight");
   if (f.has(k + "vocab_size")) c.vocab_size = f.get_int(k + "vocab_size");
   else if (embd.ne.size() == 2) c.vocab_size = embd.ne[1];
@@ -734,7 +747,7 @@ WeightMatrix load_gguf_matrix(const GgufFile& file, const ModelConfig& cfg, cons
                               const std::vector<int64_t>& expected) {
   const std::string name = checked_tensor_name(file, hf_name, expected);
   WeightMatrix m = file.load_matrix(name);
-  if (cfg.architecture != "Qwen2ForCausalLM") {
+  if (architecture(cfg.architecture).gguf_permuted_qk) {
     // Whole rows move, so the permutation applies to block rows as well as to float rows.
     const int64_t heads = ends_with(name, "attn_q.weight") ? cfg.num_heads
                           : ends_with(name, "attn_k.weight") ? cfg.num_kv_heads : 0;
@@ -750,7 +763,7 @@ at::Tensor load_gguf_tensor(const GgufFile& file, const ModelConfig& cfg, const 
                             const std::vector<int64_t>& expected) {
   const std::string name = checked_tensor_name(file, hf_name, expected);
   at::Tensor t = file.load(name);
-  if (cfg.architecture != "Qwen2ForCausalLM") {
+  if (architecture(cfg.architecture).gguf_permuted_qk) {
     if (ends_with(name, "attn_q.weight")) return gguf_unpermute_rows(t, cfg.num_heads);
     if (ends_with(name, "attn_k.weight")) return gguf_unpermute_rows(t, cfg.num_kv_heads);
   }
@@ -761,6 +774,7 @@ void write_gguf_file(const std::string& path, const ModelConfig& cfg,
                      const std::vector<std::pair<std::string, at::Tensor>>& hf_tensors, at::ScalarType dtype,
                      const std::function<void(GgufWriter&)>& add_tokenizer) {
   const std::string arch = arch_of(cfg), k = arch + ".";
+  const bool permuted = architecture(cfg.architecture).gguf_permuted_qk;
   GgufWriter w;
   w.add_string("general.architecture", arch);
   w.add_string("general.name", "kvpipe-random");
@@ -814,9 +828,9 @@ void write_gguf_file(const std::string& path, const ModelConfig& cfg,
     at::Tensor t = tensor.to(dtype);
     if (t.dim() == 1) {
       t = t.to(at::kFloat);  // llama.cpp keeps 1-D tensors (norms, biases) in F32
-    } else if (arch == "llama" && ends_with(name, "attn_q.weight")) {
+    } else if (permuted && ends_with(name, "attn_q.weight")) {
       t = gguf_permute_rows(t, cfg.num_heads);
-    } else if (arch == "llama" && ends_with(name, "attn_k.weight")) {
+    } else if (permuted && ends_with(name, "attn_k.weight")) {
       t = gguf_permute_rows(t, cfg.num_kv_heads);
     }
     w.add_tensor(name, t.contiguous());

@@ -148,7 +148,8 @@ class GgufWriter {
 // The name of ggml type `type` ("Q4_K", ...), or "type N" when unknown.
 std::string ggml_type_name(uint32_t type);
 
-// The model's hyper-parameters from GGUF metadata (architectures `llama` and `qwen2`).
+// The model's hyper-parameters from GGUF metadata (the general.architecture names of
+// engine/model/architecture.h: llama, qwen2, qwen3, phi3).
 ModelConfig load_gguf_config(const std::string& path);
 ModelConfig gguf_config(const GgufFile& file);
 

@@ -1,5 +1,6 @@
 #include "engine/model/model_config.h"
 
+#include "engine/model/architecture.h"
 #include "engine/model/mapped_file.h"
 
 #include <nlohmann/json.hpp>
@@ -186,6 +187,7 @@ int64_t ModelConfig::layer_params() const {
   const int64_t q = num_heads * head_dim, kv = num_kv_heads * head_dim;
   int64_t attn = hidden_size * (q + 2 * kv) + q * hidden_size;
   if (qkv_bias) attn += q + 2 * kv;
+  if (qk_norm) attn += 2 * head_dim;
   return attn + 3 * hidden_size * intermediate_size + 2 * hidden_size;
 }
 
@@ -274,6 +276,43 @@ void read_rope(const json& j, const std::string& path, ModelConfig& c) {
 
 }  // namespace
 
+namespace {
+
+// partial_rotary_factor, at the top level or (as transformers 5 saves Phi-3) inside
+// rope_parameters: RoPE on only part of each head is not implemented yet, so anything but 1
+// is refused; a 1 is taken out of the RoPE object so that read_rope sees only its own keys.
+void refuse_partial_rotary(json& j, const std::string& path) {
+  if (get_number(j, "partial_rotary_factor", 1.0, path) != 1.0)
+    fail(path, "'partial_rotary_factor' other than 1 is not supported (RoPE on part of each head)");
+  const auto params = j.find("rope_parameters");
+  if (params == j.end() || !params->is_object()) return;
+  const std::string src = path + ": 'rope_parameters'";
+  if (get_number(*params, "partial_rotary_factor", 1.0, src) != 1.0)
+    fail(path, "'rope_parameters': key 'partial_rotary_factor' other than 1 is not supported (RoPE on part of each head)");
+  params->erase("partial_rotary_factor");
+}
+
+// Which keys each layer attends to. kvpipe's layers all attend to every earlier key, so a
+// sliding window is taken only where it cannot change attention: past its length it is
+// honoured by capping the context there (Mistral, Phi-3), and windows on some layers only
+// (Qwen2's and Qwen3's use_sliding_window, layer_types naming sliding layers) are refused.
+void read_attention_layers(const json& j, const std::string& path, ModelConfig& c) {
+  const bool qwen = c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen3ForCausalLM";
+  if (qwen && get_bool(j, "use_sliding_window", false, path)) fail(path, "'use_sliding_window: true' is not supported");
+  if (const json* types = find(j, "layer_types")) {
+    if (!types->is_array()) wrong_type(path, "layer_types", "a list of layer types", *types);
+    for (const json& t : *types)
+      if (!t.is_string() || t.get<std::string>() != "full_attention")
+        fail(path, "'layer_types': layer type " + describe(t) + " is not supported (only full_attention)");
+  }
+  if (c.architecture == "MistralForCausalLM" || c.architecture == "Phi3ForCausalLM") {
+    const int64_t w = get_int(j, "sliding_window", 0, path);
+    if (w > 0 && w < c.max_position) c.max_position = w;
+  }
+}
+
+}  // namespace
+
 std::vector<double> rope_inv_freq(const ModelConfig& c) {
   const RopeScaling& rs = c.rope_scaling;
   const int64_t dim = c.rope_dim(), half = dim / 2;
@@ -347,16 +386,17 @@ ModelConfig load_hf_config(const std::string& dir) {
   if (!arch->is_array() || arch->empty() || !(*arch)[0].is_string())
     wrong_type(path, "architectures", "a list of names", *arch);
   c.architecture = (*arch)[0].get<std::string>();
-  if (c.architecture != "LlamaForCausalLM" && c.architecture != "MistralForCausalLM" &&
-      c.architecture != "Qwen2ForCausalLM")
-    fail(path, "unsupported architecture '" + c.architecture +
-                   "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
-  c.qkv_bias = c.architecture == "Qwen2ForCausalLM";
+  const Architecture* traits = find_architecture(c.architecture);
+  if (traits == nullptr)
+    fail(path, "unsupported architecture '" + c.architecture + "' (supported: " + supported_architecture_names() + ")");
+  c.qkv_bias = traits->qkv_bias;
+  c.qk_norm = traits->qk_norm;
   if (get_bool(j, "attention_bias", false, path)) {
-    if (c.architecture != "LlamaForCausalLM" && c.architecture != "Qwen2ForCausalLM")
+    if (c.architecture != "LlamaForCausalLM" && c.architecture != "Qwen2ForCausalLM" &&
+        c.architecture != "Qwen3ForCausalLM")
       fail(path, "'attention_bias' is not supported for " + c.architecture);
-    // Llama's attention_bias also puts a bias on o_proj, which the engine does not have.
-    if (c.architecture == "LlamaForCausalLM") fail(path, "'attention_bias: true' is not supported");
+    // Llama's and Qwen3's attention_bias also put a bias on o_proj, which the engine does not have.
+    if (c.architecture != "Qwen2ForCausalLM") fail(path, "'attention_bias: true' is not supported");
   }
   if (get_bool(j, "mlp_bias", false, path)) fail(path, "'mlp_bias: true' is not supported");
 
@@ -367,21 +407,18 @@ ModelConfig load_hf_config(const std::string& dir) {
   c.num_kv_heads = get_int(j, "num_key_value_heads", c.num_heads, path);
   c.intermediate_size = get_int(j, "intermediate_size", path);
   c.max_position = get_int(j, "max_position_embeddings", 2048, path);
-  c.head_dim = get_int(j, "head_dim", c.num_heads > 0 ? c.hidden_size / c.num_heads : 0, path);
+  const int64_t default_head_dim = traits->default_head_dim > 0 ? traits->default_head_dim
+                                   : c.num_heads > 0             ? c.hidden_size / c.num_heads
+                                                                 : 0;
+  c.head_dim = get_int(j, "head_dim", default_head_dim, path);
   c.rms_eps = get_number(j, "rms_norm_eps", 1e-6, path);
   c.tie_embeddings = get_bool(j, "tie_word_embeddings", false, path);
 
   const std::string act = get_string(j, "hidden_act", "silu", path);
   if (act != "silu") fail(path, "unsupported 'hidden_act' '" + act + "' (only silu)");
+  refuse_partial_rotary(j, path);
   read_rope(j, path, c);
-  // A sliding window changes attention only past its length: cap the context there instead
-  // of running longer sequences with the wrong mask.
-  const bool qwen_window = c.architecture == "Qwen2ForCausalLM" && get_bool(j, "use_sliding_window", false, path);
-  if (qwen_window) fail(path, "'use_sliding_window: true' is not supported");
-  if (c.architecture == "MistralForCausalLM") {
-    const int64_t w = get_int(j, "sliding_window", 0, path);
-    if (w > 0 && w < c.max_position) c.max_position = w;
-  }
+  read_attention_layers(j, path, c);
   if (const json* e = find(j, "eos_token_id")) {
     if (e->is_array()) {
       for (const json& x : *e) c.eos_token_ids.push_back(as_int(x, "eos_token_id", path));
@@ -427,7 +464,7 @@ json hf_rope_parameters(const ModelConfig& c) {
 void write_hf_config(const ModelConfig& c, const std::string& dir, const std::string& torch_dtype) {
   json j;
   j["architectures"] = {c.architecture};
-  j["model_type"] = c.architecture == "Qwen2ForCausalLM" ? "qwen2" : (c.architecture == "MistralForCausalLM" ? "mistral" : "llama");
+  j["model_type"] = architecture(c.architecture).model_type;
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
   j["num_hidden_layers"] = c.num_layers;

@@ -1,7 +1,7 @@
 // ModelConfig: the shape and hyper-parameters of a Llama-family decoder-only model.
 //
-// Read from an HF config.json (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) or
-// taken from a named preset. RoPE comes from transformers 5's `rope_parameters` or from the
+// Read from an HF config.json (the architectures of engine/model/architecture.h: Llama,
+// Mistral, Qwen2, Qwen3, Phi-3) or taken from a named preset. RoPE comes from transformers 5's `rope_parameters` or from the
 // earlier `rope_theta` + `rope_scaling` alike (types default, linear and llama3). Anything the
 // engine does not implement (another architecture, an activation other than SiLU, another
 // RoPE type or a RoPE key it does not know, an active sliding window shorter than the
@@ -71,6 +71,7 @@ struct ModelConfig {
   double rms_eps = 1e-6;
   bool tie_embeddings = false;
   bool qkv_bias = false;           // Qwen2
+  bool qk_norm = false;            // Qwen3: RMSNorm over each q and k head before RoPE
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1;
 
@@ -104,7 +105,7 @@ bool supports_partial_rotary(const std::string& architecture);
 
 // Reads `dir`/config.json.
 ModelConfig load_hf_config(const std::string& dir);
-// Writes `cfg` as an HF config.json (LlamaForCausalLM or Qwen2ForCausalLM) into `dir`.
+// Writes `cfg` as an HF config.json into `dir`.
 void write_hf_config(const ModelConfig& cfg, const std::string& dir, const std::string& torch_dtype);
 
 // Named shapes for random-weight models: "tiny" and "small".

@@ -1,5 +1,6 @@
 #include "engine/model/model_weights.h"
 
+#include "engine/model/architecture.h"
 #include "engine/model/gguf.h"
 #include "engine/model/safetensors.h"
 
@@ -54,31 +55,45 @@ int64_t ModelWeights::bytes() const {
   if (!(lm_head.defined() && embedding.defined() && lm_head.storage_id() == embedding.storage_id()))
     add_matrix(lm_head);
   for (const auto& l : layer) {
-    add(l.input_norm), add_matrix(l.qkv), add(l.qkv_bias), add_matrix(l.o), add(l.post_norm);
+    add(l.input_norm), add_matrix(l.qkv), add(l.qkv_bias), add(l.qk_norm), add_matrix(l.o), add(l.post_norm);
     add_matrix(l.gate_up), add_matrix(l.down);
   }
   return total;
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> hf_tensor_layout(const ModelConfig& c) {
-  const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  const Architecture& arch = architecture(c.architecture);
+  const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim,
+                ff = c.intermediate_size;
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
   out.push_back({"model.embed_tokens.weight", {c.vocab_size, h}});
   for (int64_t i = 0; i < c.num_layers; ++i) {
     out.push_back({layer_name(i, "input_layernorm.weight"), {h}});
-    out.push_back({layer_name(i, "self_attn.q_proj.weight"), {q, h}});
-    out.push_back({layer_name(i, "self_attn.k_proj.weight"), {kv, h}});
-    out.push_back({layer_name(i, "self_attn.v_proj.weight"), {kv, h}});
+    if (arch.fused_qkv) {
+      out.push_back({layer_name(i, "self_attn.qkv_proj.weight"), {q + 2 * kv, h}});
+    } else {
+      out.push_back({layer_name(i, "self_attn.q_proj.weight"), {q, h}});
+      out.push_back({layer_name(i, "self_attn.k_proj.weight"), {kv, h}});
+      out.push_back({layer_name(i, "self_attn.v_proj.weight"), {kv, h}});
+    }
     if (c.qkv_bias) {
       out.push_back({layer_name(i, "self_attn.q_proj.bias"), {q}});
       out.push_back({layer_name(i, "self_attn.k_proj.bias"), {kv}});
       out.push_back({layer_name(i, "self_attn.v_proj.bias"), {kv}});
     }
+    if (c.qk_norm) {
+      out.push_back({layer_name(i, "self_attn.q_norm.weight"), {c.head_dim}});
+      out.push_back({layer_name(i, "self_attn.k_norm.weight"), {c.head_dim}});
+    }
     out.push_back({layer_name(i, "self_attn.o_proj.weight"), {h, q}});
     out.push_back({layer_name(i, "post_attention_layernorm.weight"), {h}});
-    out.push_back({layer_name(i, "mlp.gate_proj.weight"), {c.intermediate_size, h}});
-    out.push_back({layer_name(i, "mlp.up_proj.weight"), {c.intermediate_size, h}});
-    out.push_back({layer_name(i, "mlp.down_proj.weight"), {h, c.intermediate_size}});
+    if (arch.fused_gate_up) {
+      out.push_back({layer_name(i, "mlp.gate_up_proj.weight"), {2 * ff, h}});
+    } else {
+      out.push_back({layer_name(i, "mlp.gate_proj.weight"), {ff, h}});
+      out.push_back({layer_name(i, "mlp.up_proj.weight"), {ff, h}});
+    }
+    out.push_back({layer_name(i, "mlp.down_proj.weight"), {h, ff}});
   }
   out.push_back({"model.norm.weight", {h}});
   if (!c.tie_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, h}});
@@ -154,6 +169,7 @@ ModelWeights build_weights(const ModelConfig& cfg, const WeightSelection& sel, a
     if (!device.is_cpu()) return WeightMatrix::from_tensor(m.dequantize(dtype).to(device));
     return dtype == at::kFloat ? m : m.with_float_dtype(dtype);
   };
+  const Architecture& arch = architecture(cfg.architecture);
   const int64_t h = cfg.hidden_size, q = cfg.num_heads * cfg.head_dim,
                 kv = cfg.num_kv_heads * cfg.head_dim, ff = cfg.intermediate_size;
   ModelWeights w;
@@ -171,17 +187,24 @@ ModelWeights build_weights(const ModelConfig& cfg, const WeightSelection& sel, a
   for (int64_t i = sel.layers.begin; i < sel.layers.end; ++i) {
     LayerWeights l;
     l.input_norm = get(layer_name(i, "input_layernorm.weight"), {h});
-    l.qkv = WeightMatrix::concat({matrix(layer_name(i, "self_attn.q_proj.weight"), {q, h}),
-                                  matrix(layer_name(i, "self_attn.k_proj.weight"), {kv, h}),
-                                  matrix(layer_name(i, "self_attn.v_proj.weight"), {kv, h})});
+    l.qkv = arch.fused_qkv ? matrix(layer_name(i, "self_attn.qkv_proj.weight"), {q + 2 * kv, h})
+                           : WeightMatrix::concat({matrix(layer_name(i, "self_attn.q_proj.weight"), {q, h}),
+                                                   matrix(layer_name(i, "self_attn.k_proj.weight"), {kv, h}),
+                                                   matrix(layer_name(i, "self_attn.v_proj.weight"), {kv, h})});
     if (cfg.qkv_bias)
       l.qkv_bias = at::cat({get(layer_name(i, "self_attn.q_proj.bias"), {q}),
                             get(layer_name(i, "self_attn.k_proj.bias"), {kv}),
                             get(layer_name(i, "self_attn.v_proj.bias"), {kv})});
+    if (cfg.qk_norm)
+      l.qk_norm = at::cat({get(layer_name(i, "self_attn.q_norm.weight"), {cfg.head_dim}).expand({cfg.num_heads, cfg.head_dim}),
+                           get(layer_name(i, "self_attn.k_norm.weight"), {cfg.head_dim})
+                               .expand({cfg.num_kv_heads, cfg.head_dim})});
     l.o = matrix(layer_name(i, "self_attn.o_proj.weight"), {h, q});
     l.post_norm = get(layer_name(i, "post_attention_layernorm.weight"), {h});
-    l.gate_up = WeightMatrix::concat({matrix(layer_name(i, "mlp.gate_proj.weight"), {ff, h}),
-                                      matrix(layer_name(i, "mlp.up_proj.weight"), {ff, h})});
+    l.gate_up = arch.fused_gate_up
+                    ? matrix(layer_name(i, "mlp.gate_up_proj.weight"), {2 * ff, h})
+                    : WeightMatrix::concat({matrix(layer_name(i, "mlp.gate_proj.weight"), {ff, h}),
+                                            matrix(layer_name(i, "mlp.up_proj.weight"), {ff, h})});
     l.down = matrix(layer_name(i, "mlp.down_proj.weight"), {h, ff});
     w.layer.push_back(std::move(l));
   }
@@ -217,8 +240,8 @@ ModelWeights move_weights(const ModelWeights& from, at::Device device, at::Scala
                     from.lm_head.storage_id() == from.embedding.storage_id();
   w.lm_head = tied ? w.embedding : matrix(from.lm_head);
   for (const LayerWeights& l : from.layer)
-    w.layer.push_back({tensor(l.input_norm), matrix(l.qkv), tensor(l.qkv_bias), matrix(l.o), tensor(l.post_norm),
-                       matrix(l.gate_up), matrix(l.down)});
+    w.layer.push_back({tensor(l.input_norm), matrix(l.qkv), tensor(l.qkv_bias), tensor(l.qk_norm), matrix(l.o),
+                       tensor(l.post_norm), matrix(l.gate_up), matrix(l.down)});
   return w;
 }
 

@@ -38,6 +38,10 @@ struct LayerWeights {
   at::Tensor input_norm;   // [hidden]
   WeightMatrix qkv;        // [(heads + 2 * kv_heads) * head_dim, hidden]
   at::Tensor qkv_bias;     // undefined unless the model has q/k/v biases
+  // [heads + kv_heads, head_dim]: the q norm's weight on each q head, then the k norm's on
+  // each kv head, so one RMSNorm over the rotated heads applies both (Qwen3); undefined
+  // unless the model normalises q and k.
+  at::Tensor qk_norm;
   WeightMatrix o;          // [hidden, heads * head_dim]
   at::Tensor post_norm;    // [hidden]
   WeightMatrix gate_up;    // [2 * intermediate, hidden]

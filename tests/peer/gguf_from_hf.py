@@ -1,6 +1,8 @@
 """Writes an HF model directory (config.json + model.safetensors) as one GGUF file with the
 `gguf` package, llama.cpp's own writer, following llama.cpp's convert_hf_to_gguf.py: llama.cpp's
-tensor-name map, q/k rows permuted per head for the llama architecture (not for qwen2), the
+tensor-name map, q/k rows permuted per head for the llama architecture (not for qwen2, qwen3
+and phi3, which llama.cpp rotates NeoX-style; Qwen3's q/k norms become attn_q_norm and
+attn_k_norm, Phi-3's fused qkv_proj and gate_up_proj become attn_qkv and ffn_up), the
 embedding reused as the LM head when the model ties them, RoPE from `rope_parameters`
 (transformers 5) or `rope_theta` + `rope_scaling` (earlier), linear and yarn scaling as
 metadata (TextModel.set_gguf_parameters) and llama3 scaling as the rope_freqs.weight divisors
@@ -41,7 +43,8 @@ def main() -> int:
         cfg = json.load(f)
     hf_arch = cfg["architectures"][0]
     arch = {"LlamaForCausalLM": gguf.MODEL_ARCH.LLAMA, "MistralForCausalLM": gguf.MODEL_ARCH.LLAMA,
-            "Qwen2ForCausalLM": gguf.MODEL_ARCH.QWEN2}[hf_arch]
+            "Qwen2ForCausalLM": gguf.MODEL_ARCH.QWEN2, "Qwen3ForCausalLM": gguf.MODEL_ARCH.QWEN3,
+            "Phi3ForCausalLM": gguf.MODEL_ARCH.PHI3}[hf_arch]
     n_head, n_layer = cfg["num_attention_heads"], cfg["num_hidden_layers"]
     n_kv = cfg.get("num_key_value_heads", n_head)
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // n_head
@@ -61,6 +64,15 @@ def main() -> int:
     theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     writer.add_rope_freq_base(theta)
+    if rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) != 1.0:
+        print("gguf_from_hf: partial rotary embedding is not written here", file=sys.stderr)
+        return 2
+    if arch == gguf.MODEL_ARCH.PHI3:
+        # What convert_hf_to_gguf.py's Phi3MiniModel adds (0: no window).
+        writer.add_rope_scaling_orig_ctx_len(
+            rope.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings",
+                                                                 cfg["max_position_embeddings"])))
+        writer.add_sliding_window(cfg.get("sliding_window") or 0)
     rope_freqs = None
     if rope_type == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)

@@ -1,12 +1,16 @@
-"""Makes a random Llama with Hugging Face transformers itself and saves it with
+"""Makes a random model with Hugging Face transformers itself and saves it with
 save_pretrained, so that config.json is in the layout transformers writes today
 (`rope_parameters`), or, with --legacy, rewritten in the layout of transformers before 5
 (`rope_theta` and `rope_scaling` at the top level):
 
-    python tests/peer/hf_save_random.py --out DIR --rope '{"rope_type": "llama3", ...}' [--legacy]
+    python tests/peer/hf_save_random.py --out DIR [--architecture llama|qwen3|phi3]
+        [--rope '{"rope_type": "llama3", ...}'] [--legacy] [--tie-embeddings]
 
-The model is small (vocabulary 512, hidden 128, 2 layers, 4 heads of 32, 2 KV heads) and its
-weights are drawn by transformers' own initialisation from --seed, in float32.
+The model is small (vocabulary 512, hidden 128, 2 layers, 4 heads of 32, 2 KV heads; Qwen3's
+heads are 48 wide, unlike hidden / heads) and its weights are drawn by transformers' own
+initialisation from --seed, in float32. transformers starts every norm at 1, where a norm
+weight read from the wrong tensor would go unnoticed; for the architectures other than
+Llama every norm weight is drawn as 1 + N(0, 0.1) instead.
 """
 import argparse
 import json
@@ -17,7 +21,10 @@ import sys
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--rope", required=True, help="the rope_parameters object, as JSON")
+    parser.add_argument("--architecture", choices=["llama", "qwen3", "phi3"], default="llama")
+    parser.add_argument("--rope", default='{"rope_type": "default", "rope_theta": 10000.0}',
+                        help="the rope_parameters object, as JSON")
+    parser.add_argument("--tie-embeddings", action="store_true")
     parser.add_argument("--legacy", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-position", type=int, default=256)
@@ -26,12 +33,25 @@ def main() -> int:
     import transformers
 
     torch.manual_seed(args.seed)
-    config = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, max_position_embeddings=args.max_position, rms_norm_eps=1e-5,
-        initializer_range=0.05, rope_parameters=json.loads(args.rope), bos_token_id=1, eos_token_id=2,
-        tie_word_embeddings=False)
-    model = transformers.LlamaForCausalLM(config).to(torch.float32)
+    shape = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=args.max_position, rms_norm_eps=1e-5,
+                 initializer_range=0.05, rope_parameters=json.loads(args.rope), bos_token_id=1, eos_token_id=2,
+                 tie_word_embeddings=args.tie_embeddings)
+    if args.architecture == "llama":
+        config = transformers.LlamaConfig(head_dim=32, **shape)
+        model = transformers.LlamaForCausalLM(config)
+    elif args.architecture == "qwen3":
+        config = transformers.Qwen3Config(head_dim=48, **shape)
+        model = transformers.Qwen3ForCausalLM(config)
+    else:
+        config = transformers.Phi3Config(pad_token_id=0, original_max_position_embeddings=args.max_position, **shape)
+        model = transformers.Phi3ForCausalLM(config)
+    model = model.to(torch.float32)
+    if args.architecture != "llama":
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.copy_(1 + 0.1 * torch.randn_like(p))
     model.save_pretrained(args.out, safe_serialization=True)
     path = os.path.join(args.out, "config.json")
     with open(path) as f:

@@ -9,6 +9,9 @@
 // another theta, llama3 (Llama 3.1/3.2), yarn and linear scaling, over prompts longer than the
 // original context, and dynamic scaling up to the end of the context; llama3's GGUF twin
 // carries rope_freqs.weight and yarn's its rope.scaling.* keys, which llama.cpp applies too.
+// Qwen3 (q/k RMSNorm per head, heads wider than hidden / heads, tied and untied) and Phi-3
+// (fused qkv_proj and gate_up_proj), made and saved by transformers with every norm weight
+// drawn away from 1, are checked the same way, their GGUF twins through llama.cpp too.
 #include "tests/support/command.h"
 #include "tests/support/logprob_compare.h"
 
@@ -66,14 +69,14 @@ class TransformersParity : public ::testing::Test {
     kvpipe::testing::write_greedy_job(dir_, (dir_ / "model_hf").string(), prompt_, kSteps);
   }
 
-  // A random Llama made and saved by transformers (tests/peer/hf_save_random.py) with the
-  // rope_parameters object `rope`; `legacy` rewrites its config.json in the pre-5 layout.
-  void save_with_transformers(const std::string& rope, bool legacy, int max_position = 256) {
+  // A random model made and saved by transformers (tests/peer/hf_save_random.py) with the
+  // rope_parameters object `rope`; `legacy` rewrites its config.json in the pre-5 layout;
+  // `flags` go to the script as they are (--architecture, --tie-embeddings, --seed).
+  void save_with_transformers(const std::string& rope, bool legacy, const std::string& flags = "") {
     prompt_ = long_prompt();
     const CommandResult r = run_command(python("hf_save_random.py", "--out " + (dir_ / "model_hf").string() +
                                                                         " --rope '{" + rope + "}'" +
-                                                                        (legacy ? " --legacy" : "") +
-                                                                        " --max-position " + std::to_string(max_position)),
+                                                                        (legacy ? " --legacy " : " ") + flags),
                                         dir_);
     ASSERT_TRUE(reference_ran(r, "transformers (save_pretrained)"));
     kvpipe::testing::write_greedy_job(dir_, (dir_ / "model_hf").string(), prompt_, kSteps);
@@ -191,8 +194,25 @@ TEST_F(TransformersParity, YarnRopeScaling) {
 TEST_F(TransformersParity, DynamicRopeUpToTheEndOfTheContext) {
   // 48 prompt tokens and 24 steps fill 72 of the 80 positions: transformers' dynamic NTK
   // changes nothing until a sequence passes them, and kvpipe serves no longer one.
-  save_with_transformers(R"("rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0)", false, 80);
+  save_with_transformers(R"("rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0)", false, "--max-position 80");
   check_all("dynamic rope", false);
+}
+
+const char* kDefaultRope = R"("rope_type": "default", "rope_theta": 1000000.0)";
+
+TEST_F(TransformersParity, Qwen3TiedWithQkNorms) {
+  save_with_transformers(kDefaultRope, false, "--architecture qwen3 --tie-embeddings --seed 11");
+  check_all("qwen3 tied", true, true);
+}
+
+TEST_F(TransformersParity, Qwen3Untied) {
+  save_with_transformers(kDefaultRope, false, "--architecture qwen3 --seed 12");
+  check_all("qwen3 untied", false);
+}
+
+TEST_F(TransformersParity, Phi3FusedProjections) {
+  save_with_transformers(R"("rope_type": "default", "rope_theta": 10000.0)", false, "--architecture phi3 --seed 13");
+  check_all("phi3", true, true);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@ ModelConfig small_config(const std::string& arch = "LlamaForCausalLM") {
   ModelConfig c = preset_config("tiny");
   c.architecture = arch;
   c.qkv_bias = arch == "Qwen2ForCausalLM";
+  c.qk_norm = arch == "Qwen3ForCausalLM";
   c.vocab_size = 300;
   c.hidden_size = 64;
   c.num_layers = 3;
@@ -100,11 +101,12 @@ size_t tensor_info_at(const std::string& bytes, const std::string& name) {
 }
 
 TEST_F(GgufTest, ConfigRoundTrip) {
-  for (const std::string arch : {"LlamaForCausalLM", "Qwen2ForCausalLM"}) {
+  for (const std::string arch : {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM"}) {
     const ModelConfig c = small_config(arch);
     const ModelConfig r = load_model_config(write_model(c, "m.gguf"));
     EXPECT_EQ(r.architecture, arch);
     EXPECT_EQ(r.qkv_bias, c.qkv_bias);
+    EXPECT_EQ(r.qk_norm, c.qk_norm);
     EXPECT_EQ(r.vocab_size, c.vocab_size);
     EXPECT_EQ(r.hidden_size, c.hidden_size);
     EXPECT_EQ(r.num_layers, c.num_layers);
@@ -121,9 +123,10 @@ TEST_F(GgufTest, ConfigRoundTrip) {
   }
 }
 
-// Loading from GGUF gives exactly the HF-layout weights: the q/k permutation is undone.
+// Loading from GGUF gives exactly the HF-layout weights: the q/k permutation is undone,
+// Qwen3's q/k norms and Phi-3's fused attn_qkv and ffn_up land where the HF names put them.
 TEST_F(GgufTest, WeightsMatchHfLayoutAfterUnpermutation) {
-  for (const std::string arch : {"LlamaForCausalLM", "Qwen2ForCausalLM"}) {
+  for (const std::string arch : {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM"}) {
     for (const bool tie : {false, true}) {
       ModelConfig c = small_config(arch);
       c.tie_embeddings = tie;
@@ -144,6 +147,10 @@ TEST_F(GgufTest, WeightsMatchHfLayoutAfterUnpermutation) {
         EXPECT_EQ(g.layer[i].qkv_bias.defined(), c.qkv_bias);
         if (c.qkv_bias) {
           EXPECT_TRUE(at::equal(g.layer[i].qkv_bias, h.layer[i].qkv_bias));
+        }
+        ASSERT_EQ(g.layer[i].qk_norm.defined(), c.qk_norm) << arch;
+        if (c.qk_norm) {
+          EXPECT_TRUE(at::equal(g.layer[i].qk_norm, h.layer[i].qk_norm));
         }
       }
       GgufFile f(file);

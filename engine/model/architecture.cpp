@@ -1,0 +1,72 @@
+#include "engine/model/architecture.h"
+
+#include <stdexcept>
+#include <vector>
+
+namespace kvpipe {
+namespace {
+
+Architecture entry(const char* hf, const char* model_type, const char* gguf) {
+  Architecture a{};
+  a.hf_name = hf;
+  a.model_type = model_type;
+  a.gguf_name = gguf;
+  return a;
+}
+
+// Llama first: GGUF's `llama` names Llama and Mistral alike and reads back as Llama.
+const std::vector<Architecture>& table() {
+  static const std::vector<Architecture> archs = [] {
+    Architecture llama = entry("LlamaForCausalLM", "llama", "llama");
+    llama.gguf_permuted_qk = true;
+    Architecture mistral = entry("MistralForCausalLM", "mistral", "llama");
+    mistral.gguf_permuted_qk = true;
+    Architecture qwen2 = entry("Qwen2ForCausalLM", "qwen2", "qwen2");
+    qwen2.qkv_bias = true;
+    Architecture qwen3 = entry("Qwen3ForCausalLM", "qwen3", "qwen3");
+    qwen3.qk_norm = true;
+    qwen3.default_head_dim = 128;
+    Architecture phi3 = entry("Phi3ForCausalLM", "phi3", "phi3");
+    phi3.fused_qkv = true;
+    phi3.fused_gate_up = true;
+    return std::vector<Architecture>{llama, mistral, qwen2, qwen3, phi3};
+  }();
+  return archs;
+}
+
+}  // namespace
+
+const Architecture* find_architecture(const std::string& hf_name) {
+  for (const Architecture& a : table())
+    if (hf_name == a.hf_name) return &a;
+  return nullptr;
+}
+
+const Architecture* find_gguf_architecture(const std::string& gguf_name) {
+  for (const Architecture& a : table())
+    if (gguf_name == a.gguf_name) return &a;
+  return nullptr;
+}
+
+const Architecture& architecture(const std::string& hf_name) {
+  const Architecture* a = find_architecture(hf_name);
+  if (a == nullptr)
+    throw std::invalid_argument("unsupported architecture '" + hf_name + "' (supported: " +
+                                supported_architecture_names() + ")");
+  return *a;
+}
+
+std::string supported_architecture_names() {
+  std::string out;
+  for (const Architecture& a : table()) out += (out.empty() ? "" : ", ") + std::string(a.hf_name);
+  return out;
+}
+
+std::string supported_gguf_architecture_names() {
+  std::string out;
+  for (const Architecture& a : table())
+    if (find_gguf_architecture(a.gguf_name) == &a) out += (out.empty() ? "" : ", ") + std::string(a.gguf_name);
+  return out;
+}
+
+}  // namespace kvpipe

@@ -1,0 +1,43 @@
+// Architecture: what sets each supported decoder-only architecture apart, in one table.
+//
+// One entry per HF architecture name (config.json's `architectures[0]`) says what its files
+// look like (config.json's model_type, GGUF's general.architecture, whether HF stores q/k/v
+// and gate/up fused, whether llama.cpp's converter permutes q/k rows) and what its layers
+// compute beyond a Llama layer (q/k/v biases, RMSNorm over each q and k head). Readers and
+// writers of both formats, and the forward pass, ask this table instead of comparing names,
+// so adding an architecture is one entry here plus whatever new math it brings.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace kvpipe {
+
+struct Architecture {
+  const char* hf_name;       // config.json architectures[0]: "Qwen3ForCausalLM"
+  const char* model_type;    // config.json model_type: "qwen3"
+  const char* gguf_name;     // GGUF general.architecture: "qwen3"
+  bool qkv_bias = false;     // q/k/v projections carry biases (Qwen2)
+  bool qk_norm = false;      // RMSNorm over each q and k head before RoPE (Qwen3)
+  bool fused_qkv = false;    // HF stores one self_attn.qkv_proj (Phi-3)
+  bool fused_gate_up = false;  // HF stores one mlp.gate_up_proj, gate rows first (Phi-3)
+  // llama.cpp's `llama` architecture rotates adjacent pairs, so its converter permutes q/k
+  // rows per head; the NeoX-style ones (qwen2, qwen3, phi3) keep HF's rotate-half rows.
+  bool gguf_permuted_qk = false;
+  // transformers' head_dim when config.json has none; 0: hidden_size / num_attention_heads.
+  int64_t default_head_dim = 0;
+};
+
+// The entry for an HF architecture name, or nullptr when kvpipe does not run it.
+const Architecture* find_architecture(const std::string& hf_name);
+// The entry llama.cpp's general.architecture `gguf_name` reads as (`llama`: Llama, which
+// also covers Mistral's files), or nullptr.
+const Architecture* find_gguf_architecture(const std::string& gguf_name);
+// The entry for `hf_name`; std::invalid_argument naming it and the supported ones otherwise.
+const Architecture& architecture(const std::string& hf_name);
+
+// "LlamaForCausalLM, MistralForCausalLM, ..." and "llama, qwen2, ...", for messages.
+std::string supported_architecture_names();
+std::string supported_gguf_architecture_names();
+
+}  // namespace kvpipe

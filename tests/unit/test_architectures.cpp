@@ -1,0 +1,137 @@
+// Qwen3 and Phi-3 beside Llama, Mistral and Qwen2: config.json as transformers saves each
+// one is read into the math it defines (Qwen3's q/k norms and its own default head size,
+// Phi-3's fused projections and its sliding window), every key that would change that math
+// and kvpipe does not apply is refused by name, and the tensor layout is the one the HF files
+// hold.
+#include "engine/model/architecture.h"
+#include "engine/model/model_config.h"
+#include "engine/model/model_weights.h"
+#include "tests/support/command.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+namespace kvpipe {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The shape keys of a small model; `arch` names the architecture.
+std::string shape(const std::string& arch) {
+  return R"("architectures": [")" + arch + R"("], "vocab_size": 300, "hidden_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+    "max_position_embeddings": 256)";
+}
+
+class Architectures : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::make_scratch_dir(); }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string config(const std::string& arch, const std::string& keys) {
+    const fs::path d = dir_ / ("m" + std::to_string(count_++));
+    fs::create_directories(d);
+    std::ofstream(d / "config.json") << "{" << shape(arch) << (keys.empty() ? "" : ", ") << keys << "}";
+    return d.string();
+  }
+  std::string refusal(const std::string& arch, const std::string& keys) {
+    const std::string d = config(arch, keys);
+    try {
+      load_hf_config(d);
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.rfind(d + "/config.json: ", 0), 0u) << what;
+      return what;
+    }
+    return "(loaded)";
+  }
+
+  fs::path dir_;
+  int count_ = 0;
+};
+
+TEST_F(Architectures, Qwen3AsTransformersSavesIt) {
+  const ModelConfig c = load_hf_config(config("Qwen3ForCausalLM", R"("head_dim": 48, "attention_bias": false,
+      "use_sliding_window": false, "sliding_window": null, "max_window_layers": 28,
+      "layer_types": ["full_attention", "full_attention"],
+      "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"})"));
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(c.head_dim, 48);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1000000.0);
+  // transformers' Qwen3Config defaults head_dim to 128, not hidden_size / heads.
+  EXPECT_EQ(load_hf_config(config("Qwen3ForCausalLM", "")).head_dim, 128);
+  EXPECT_EQ(load_hf_config(config("Qwen2ForCausalLM", "")).head_dim, 16);
+}
+
+TEST_F(Architectures, Phi3AsTransformersSavesIt) {
+  // transformers 5 keeps partial_rotary_factor inside rope_parameters.
+  const ModelConfig c = load_hf_config(config("Phi3ForCausalLM", R"("original_max_position_embeddings": 256,
+      "sliding_window": null, "rope_parameters": {"partial_rotary_factor": 1.0, "rope_theta": 10000.0,
+      "rope_type": "default"})"));
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.max_position, 256);
+  // Phi-3-mini's window on every layer: the context stops where it would start to matter.
+  EXPECT_EQ(load_hf_config(config("Phi3ForCausalLM", R"("sliding_window": 100)")).max_position, 100);
+  EXPECT_EQ(load_hf_config(config("Phi3ForCausalLM", R"("sliding_window": 1000)")).max_position, 256);
+}
+
+TEST_F(Architectures, WhatKvpipeDoesNotApplyIsRefusedByName) {
+  EXPECT_NE(refusal("Qwen3ForCausalLM", R"("attention_bias": true)").find("'attention_bias: true'"),
+            std::string::npos);
+  EXPECT_NE(refusal("Qwen3ForCausalLM", R"("use_sliding_window": true, "sliding_window": 64)")
+                .find("'use_sliding_window: true'"),
+            std::string::npos);
+  EXPECT_NE(refusal("Qwen3ForCausalLM", R"("layer_types": ["full_attention", "sliding_attention"])")
+                .find("'layer_types': layer type string \"sliding_attention\""),
+            std::string::npos);
+  EXPECT_NE(refusal("Qwen3ForCausalLM", R"("hidden_act": "gelu")").find("'hidden_act' 'gelu'"), std::string::npos);
+  EXPECT_NE(refusal("Phi3ForCausalLM", R"("rope_parameters": {"partial_rotary_factor": 0.75, "rope_theta": 10000.0,
+      "rope_type": "default"})")
+                .find("'rope_parameters': key 'partial_rotary_factor' other than 1"),
+            std::string::npos);
+  EXPECT_NE(refusal("Phi3ForCausalLM", R"("partial_rotary_factor": 0.5)").find("'partial_rotary_factor'"),
+            std::string::npos);
+  // Phi-3's long-context scaling, under both of its names.
+  for (const std::string type : {"longrope", "su"})
+    EXPECT_NE(refusal("Phi3ForCausalLM", R"("rope_scaling": {"type": ")" + type +
+                                              R"(", "short_factor": [1.0], "long_factor": [1.0]})")
+                  .find("type '" + type + "'"),
+              std::string::npos);
+  EXPECT_NE(refusal("Phi3ForCausalLM", R"("attention_bias": true)").find("'attention_bias'"), std::string::npos);
+  EXPECT_NE(refusal("Gemma2ForCausalLM", "").find("unsupported architecture 'Gemma2ForCausalLM'"),
+            std::string::npos);
+}
+
+TEST_F(Architectures, TensorLayoutIsTheOneTheHfFilesHold) {
+  auto names = [](const std::string& arch) {
+    ModelConfig c = preset_config("tiny");
+    c.architecture = arch;
+    c.qk_norm = architecture(arch).qk_norm;
+    c.num_layers = 1;
+    std::vector<std::string> out;
+    for (const auto& [name, shape] : hf_tensor_layout(c)) out.push_back(name + " " + c10::str(at::IntArrayRef(shape)));
+    return out;
+  };
+  const std::vector<std::string> qwen3 = names("Qwen3ForCausalLM");
+  EXPECT_NE(std::find(qwen3.begin(), qwen3.end(), "model.layers.0.self_attn.q_norm.weight [32]"), qwen3.end());
+  EXPECT_NE(std::find(qwen3.begin(), qwen3.end(), "model.layers.0.self_attn.k_norm.weight [32]"), qwen3.end());
+  const std::vector<std::string> phi3 = names("Phi3ForCausalLM");
+  EXPECT_NE(std::find(phi3.begin(), phi3.end(), "model.layers.0.self_attn.qkv_proj.weight [512, 256]"), phi3.end());
+  EXPECT_NE(std::find(phi3.begin(), phi3.end(), "model.layers.0.mlp.gate_up_proj.weight [1376, 256]"), phi3.end());
+  for (const std::string& n : phi3) {
+    EXPECT_EQ(n.find("q_proj"), std::string::npos) << n;
+    EXPECT_EQ(n.find("gate_proj"), std::string::npos) << n;
+  }
+  EXPECT_THROW(names("Gemma2ForCausalLM"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace kvpipe
