@@ -77,16 +77,19 @@ AttentionPath choose_path(bool on_gpu, bool paged, bool varlen, std::optional<At
 }  // namespace
 
 AttentionPath choose_attention_path(const at::Tensor& q, const BlockPool& pool, const StepBatch& batch,
-                                    const StepContext& ctx, std::optional<AttentionPath> preferred) {
+                                    const StepContext& ctx, std::optional<AttentionPath> preferred,
+                                    bool masked_or_capped) {
   const bool on_gpu = !q.is_cpu();
-  return choose_path(on_gpu, paged_decode_fits(q.scalar_type(), q.size(-1), on_gpu, pool, batch, ctx),
-                     varlen_fits(q.scalar_type(), q.size(-1), on_gpu, batch), preferred);
+  return choose_path(on_gpu,
+                     !masked_or_capped && paged_decode_fits(q.scalar_type(), q.size(-1), on_gpu, pool, batch, ctx),
+                     !masked_or_capped && varlen_fits(q.scalar_type(), q.size(-1), on_gpu, batch), preferred);
 }
 
 AttentionPath choose_attention_path(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const BlockPool& pool,
-                                    const StepBatch& batch, std::optional<AttentionPath> preferred) {
-  return choose_path(on_gpu, paged_decode_fits(q_dtype, head_dim, on_gpu, pool, batch),
-                     varlen_fits(q_dtype, head_dim, on_gpu, batch), preferred);
+                                    const StepBatch& batch, std::optional<AttentionPath> preferred,
+                                    bool masked_or_capped) {
+  return choose_path(on_gpu, !masked_or_capped && paged_decode_fits(q_dtype, head_dim, on_gpu, pool, batch),
+                     !masked_or_capped && varlen_fits(q_dtype, head_dim, on_gpu, batch), preferred);
 }
 
 at::Tensor varlen_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

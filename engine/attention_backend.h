@@ -39,12 +39,17 @@ bool paged_decode_fits(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, co
                        const StepBatch& batch);
 
 // The path for one layer of a step: `preferred` when given and the step allows it, otherwise
-// the fastest that does. q is [T, heads, head_dim] on the compute device.
+// the fastest that does. q is [T, heads, head_dim] on the compute device. With
+// `masked_or_capped` (a model whose attention is soft-capped or has sliding-window layers:
+// ModelConfig::masked_or_capped_attention) only the per-sequence path computes it: the
+// batched paths know neither.
 AttentionPath choose_attention_path(const at::Tensor& q, const BlockPool& pool, const StepBatch& batch,
-                                    const StepContext& ctx, std::optional<AttentionPath> preferred);
+                                    const StepContext& ctx, std::optional<AttentionPath> preferred,
+                                    bool masked_or_capped = false);
 // The same choice before any tensor of the step exists (its context is built for the path).
 AttentionPath choose_attention_path(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const BlockPool& pool,
-                                    const StepBatch& batch, std::optional<AttentionPath> preferred);
+                                    const StepBatch& batch, std::optional<AttentionPath> preferred,
+                                    bool masked_or_capped = false);
 
 // Whether `path` reads the step's per-key indices (StepContext::key_indices): the per-sequence
 // and varlen paths gather keys through them; the paged decode path reads block tables.

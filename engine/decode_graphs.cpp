@@ -52,6 +52,8 @@ bool DecodeGraphs::handles(const StepBatch& batch, const StepContext& ctx) const
   // path may be pinned (KVPIPE_ATTENTION).
   const std::optional<AttentionPath> pinned = shard_.attention_path();
   if (pinned && *pinned != AttentionPath::kPagedDecode) return false;
+  // Soft-capped or windowed layers (Gemma 2) only the per-sequence path computes.
+  if (shard_.config().masked_or_capped_attention()) return false;
   return paged_decode_fits(shard_.weights().dtype, shard_.config().head_dim, /*on_gpu=*/true, pool_, batch, ctx);
 }
 

@@ -60,6 +60,11 @@ at::Tensor swiglu(const at::Tensor& gate_up) {
   return at::silu(gate_up.narrow(-1, 0, ff)) * gate_up.narrow(-1, ff, ff);
 }
 
+at::Tensor geglu(const at::Tensor& gate_up) {
+  const int64_t ff = gate_up.size(-1) / 2;
+  return at::gelu(gate_up.narrow(-1, 0, ff), "tanh") * gate_up.narrow(-1, ff, ff);
+}
+
 namespace {
 
 // One block of queries against keys [0, L): the whole computation, masks included.
@@ -71,10 +76,12 @@ at::Tensor attention_block(const at::Tensor& q, const at::Tensor& kt, const at::
   // [kv_heads, group * n, hd]: query heads sharing a kv head become rows of one product.
   const at::Tensor qg = q.reshape({n, kv_heads, group, hd}).permute({1, 2, 0, 3}).reshape({kv_heads, group * n, hd});
   at::Tensor scores = cpu_bmm(qg, kt).mul_(scale).view({kv_heads, group, n, L});
-  if (n > 1) {
+  if (window.softcap > 0) scores = scores.div_(window.softcap).tanh_().mul_(window.softcap);
+  if (n > 1 || window.sliding > 0) {
     const at::Tensor qp = q_positions.unsqueeze(1), kp = k_positions.unsqueeze(0);
     at::Tensor hidden = kp > qp;
     if (window.recent > 0) hidden = hidden.logical_or((kp >= window.sinks).logical_and(kp <= qp - window.recent));
+    if (window.sliding > 0) hidden = hidden.logical_or(kp <= qp - window.sliding);
     scores.masked_fill_(hidden, -std::numeric_limits<float>::infinity());
   }
   const at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(q.scalar_type());

@@ -40,19 +40,27 @@ at::Tensor dense(const at::Tensor& x, const at::Tensor& weight, const at::Tensor
 
 // gate_up [T, 2 * ff] -> silu(gate) * up, [T, ff].
 at::Tensor swiglu(const at::Tensor& gate_up);
+// gate_up [T, 2 * ff] -> gelu(gate) * up with gelu's tanh approximation (Gemma's GeGLU).
+at::Tensor geglu(const at::Tensor& gate_up);
 
 // Which earlier positions a query sees: all of them (recent == 0), or the first `sinks`
 // and the last `recent` (itself included), as in attention sinks with a sliding window.
 struct AttentionWindow {
   int64_t sinks = 0;
   int64_t recent = 0;
+  // A layer's own sliding window (Gemma 2's local layers): query q sees key k only when
+  // k > q - sliding, whatever the keys given, a single decode query's included; 0: none.
+  int64_t sliding = 0;
+  // Scores soft-capped as softcap * tanh(score / softcap) before the mask (Gemma 2); 0: not.
+  double softcap = 0.0;
 };
 
 // Attention of one sequence's queries q [n, heads, head_dim] at `q_positions` (int64 [n])
 // over keys and values [L, kv_heads, head_dim] at `k_positions` (int64 [L]); query i sees
 // key j when k_j <= q_i and the window allows it. Query head h reads kv head
-// h / (heads / kv_heads) (grouped-query attention). Returns [n, heads * head_dim]. A
-// single query is taken to see every key it is given (the caller gathers only those).
+// h / (heads / kv_heads) (grouped-query attention). Returns [n, heads * head_dim]. Unless
+// the window has `sliding`, a single query is taken to see every key it is given (the caller
+// gathers only those).
 at::Tensor windowed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const at::Tensor& q_positions, const at::Tensor& k_positions,
                               const AttentionWindow& window, double scale);

@@ -35,7 +35,7 @@ int64_t ModelShard::num_cached_layers() const {
 
 AttentionPath ModelShard::attention_path_for(const BlockPool& pool, const StepBatch& batch) const {
   return choose_attention_path(weights_.dtype, weights_.config.head_dim, !weights_.device.is_cpu(), pool, batch,
-                               attention_path_);
+                               attention_path_, weights_.config.masked_or_capped_attention());
 }
 
 bool ModelShard::step_reads_keys(const BlockPool& pool, const StepBatch& batch) const {
@@ -43,7 +43,19 @@ bool ModelShard::step_reads_keys(const BlockPool& pool, const StepBatch& batch) 
 }
 
 at::Tensor ModelShard::embed(const at::Tensor& token_ids) const {
-  return weights_.embedding.gather_rows(token_ids, weights_.dtype);
+  const at::Tensor rows = weights_.embedding.gather_rows(token_ids, weights_.dtype);
+  // Gemma: the scale rounded to the compute dtype first, as transformers multiplies by it.
+  if (weights_.config.embedding_scale == 1.0) return rows;
+  return rows * at::scalar_tensor(weights_.config.embedding_scale, rows.options());
+}
+
+double ModelShard::attention_scale() const {
+  const ModelConfig& c = weights_.config;
+  return c.attention_scale > 0 ? c.attention_scale : 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+}
+
+AttentionWindow ModelShard::attention_window(const StepBatch& batch, int64_t layer) const {
+  return {batch.window_sinks, batch.window_recent, weights_.config.layer_window(layer), weights_.config.attn_softcap};
 }
 
 std::array<at::Tensor, 3> ModelShard::project_qkv(const at::Tensor& x, const LayerWeights& w,
@@ -68,8 +80,8 @@ at::Tensor ModelShard::attention_block(const at::Tensor& x, int64_t local, const
   const int64_t pool_layer = weights_.layers.begin + local - std::max(weights_.layers.begin, first_cached_layer_);
   pool.write(pool_layer, ctx.slots, k, v);
 
-  const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
-  const AttentionPath path = choose_attention_path(q, pool, batch, ctx, attention_path_);
+  const double scale = attention_scale();
+  const AttentionPath path = choose_attention_path(q, pool, batch, ctx, attention_path_, c.masked_or_capped_attention());
   if (attention_reads_keys(path) && !ctx.key_indices)
     throw std::logic_error("attention path " + attention_path_name(path) +
                            " needs the step's key indices, which its context was built without");
@@ -83,7 +95,7 @@ at::Tensor ModelShard::attention_block(const at::Tensor& x, int64_t local, const
     case AttentionPath::kPerSequence:
       break;
   }
-  const AttentionWindow window{batch.window_sinks, batch.window_recent};
+  const AttentionWindow window = attention_window(batch, weights_.layers.begin + local);
   std::vector<at::Tensor> outs;
   outs.reserve(batch.seqs.size());
   int64_t start = 0;
@@ -105,8 +117,8 @@ at::Tensor ModelShard::recompute_attention_block(const at::Tensor& x, int64_t lo
   const ModelConfig& c = weights_.config;
   const LayerWeights& w = weights_.layer[local];
   const auto [q, k, v] = project_qkv(x, w, ctx.full_positions);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
-  const AttentionWindow window{batch.window_sinks, batch.window_recent};
+  const double scale = attention_scale();
+  const AttentionWindow window = attention_window(batch, weights_.layers.begin + local);
   std::vector<at::Tensor> outs;
   int64_t start = 0;
   for (const SeqStep& s : batch.seqs) {
@@ -128,8 +140,13 @@ at::Tensor ModelShard::forward(at::Tensor hidden, const StepBatch& batch, const 
     const int64_t layer = weights_.layers.begin + l;
     const bool cached = layer >= first_cached_layer_;
     const at::Tensor x = rms_norm(hidden, w.input_norm, eps);
-    hidden = hidden + (cached ? attention_block(x, l, batch, ctx, pool) : recompute_attention_block(x, l, batch, ctx));
-    hidden = hidden + w.down.matmul(swiglu(w.gate_up.matmul(rms_norm(hidden, w.post_norm, eps))));
+    at::Tensor attn = cached ? attention_block(x, l, batch, ctx, pool) : recompute_attention_block(x, l, batch, ctx);
+    if (w.attn_out_norm.defined()) attn = rms_norm(attn, w.attn_out_norm, eps);
+    hidden = hidden + attn;
+    const at::Tensor gate_up = w.gate_up.matmul(rms_norm(hidden, w.post_norm, eps));
+    at::Tensor mlp = w.down.matmul(weights_.config.gelu_tanh ? geglu(gate_up) : swiglu(gate_up));
+    if (w.mlp_out_norm.defined()) mlp = rms_norm(mlp, w.mlp_out_norm, eps);
+    hidden = hidden + mlp;
     // Past the last layer without K/V only the new tokens' rows are needed.
     if (!cached && layer + 1 == first_cached_layer_) hidden = hidden.index_select(0, ctx.new_rows);
   }
@@ -137,7 +154,10 @@ at::Tensor ModelShard::forward(at::Tensor hidden, const StepBatch& batch, const 
 }
 
 at::Tensor ModelShard::logits(const at::Tensor& hidden) const {
-  return weights_.lm_head.matmul(rms_norm(hidden, weights_.final_norm, weights_.config.rms_eps)).to(at::kFloat);
+  at::Tensor out = weights_.lm_head.matmul(rms_norm(hidden, weights_.final_norm, weights_.config.rms_eps));
+  const double cap = weights_.config.final_softcap;
+  if (cap > 0) out = out.div(cap).tanh_().mul_(cap);
+  return out.to(at::kFloat);
 }
 
 }  // namespace kvpipe

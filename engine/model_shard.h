@@ -66,6 +66,10 @@ class ModelShard {
   // x [T, hidden] -> q [T, heads, head_dim] and k, v [T, kv_heads, head_dim], q and k
   // normalised where the model says so and rotated at `positions`.
   std::array<at::Tensor, 3> project_qkv(const at::Tensor& x, const LayerWeights& w, const at::Tensor& positions) const;
+  double attention_scale() const;
+  // The keys model layer `layer` sees in `batch` (the job's window and the layer's own) and
+  // its scores' soft cap.
+  AttentionWindow attention_window(const StepBatch& batch, int64_t layer) const;
   at::Tensor attention_block(const at::Tensor& x, int64_t local_layer, const StepBatch& batch,
                              const StepContext& ctx, BlockPool& pool) const;
   at::Tensor recompute_attention_block(const at::Tensor& x, int64_t local_layer, const StepBatch& batch,

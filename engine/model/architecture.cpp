@@ -29,7 +29,13 @@ const std::vector<Architecture>& table() {
     Architecture phi3 = entry("Phi3ForCausalLM", "phi3", "phi3");
     phi3.fused_qkv = true;
     phi3.fused_gate_up = true;
-    return std::vector<Architecture>{llama, mistral, qwen2, qwen3, phi3};
+    Architecture gemma2 = entry("Gemma2ForCausalLM", "gemma2", "gemma2");
+    gemma2.default_head_dim = 256;
+    gemma2.norm_plus_one = true;
+    gemma2.sandwich_norms = true;
+    gemma2.gemma = true;
+    gemma2.default_tied = true;
+    return std::vector<Architecture>{llama, mistral, qwen2, qwen3, phi3, gemma2};
   }();
   return archs;
 }

@@ -3,7 +3,8 @@
 // One entry per HF architecture name (config.json's `architectures[0]`) says what its files
 // look like (config.json's model_type, GGUF's general.architecture, whether HF stores q/k/v
 // and gate/up fused, whether llama.cpp's converter permutes q/k rows) and what its layers
-// compute beyond a Llama layer (q/k/v biases, RMSNorm over each q and k head). Readers and
+// compute beyond a Llama layer (q/k/v biases, RMSNorm over each q and k head, Gemma's norms,
+// GeGLU, scaled embeddings and soft-capping, sliding-window layers). Readers and
 // writers of both formats, and the forward pass, ask this table instead of comparing names,
 // so adding an architecture is one entry here plus whatever new math it brings.
 #pragma once
@@ -26,6 +27,17 @@ struct Architecture {
   bool gguf_permuted_qk = false;
   // transformers' head_dim when config.json has none; 0: hidden_size / num_attention_heads.
   int64_t default_head_dim = 0;
+  // Gemma: each norm multiplies by (1 + weight); HF stores the weight, llama.cpp's converter
+  // stores 1 + weight (so GGUF norms load as they are, HF ones get 1 added at load).
+  bool norm_plus_one = false;
+  // Gemma 2: a norm after attention and one after the MLP (post_attention_layernorm, then
+  // pre_ and post_feedforward_layernorm; GGUF post_attention_norm, ffn_norm, post_ffw_norm).
+  bool sandwich_norms = false;
+  // Gemma 2: layers alternate between a sliding window (even layers) and full attention, the
+  // logits of attention and of the LM head are soft-capped, GeGLU replaces SwiGLU, and the
+  // embedding is scaled by sqrt(hidden_size).
+  bool gemma = false;
+  bool default_tied = false;  // tie_word_embeddings when config.json does not say
 };
 
 // The entry for an HF architecture name, or nullptr when kvpipe does not run it.

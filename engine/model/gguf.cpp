@@ -13,6 +13,8 @@
 #include <fstream>
 #include <limits>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 namespace kvpipe {
 namespace {
@@ -554,6 +556,23 @@ void GgufWriter::write(const std::string& path, uint32_t alignment) const {
 // ---------------------------------------------------------------------------------------------
 // Model level
 
+std::string gguf_tensor_name(const ModelConfig& cfg, const std::string& hf_name) {
+  // Gemma 2's post_attention_layernorm follows attention (llama.cpp's post_attention_norm);
+  // its pre_feedforward_layernorm is the norm Llama calls post_attention_layernorm.
+  if (architecture(cfg.architecture).sandwich_norms) {
+    static const std::vector<std::pair<std::string, std::string>> sandwich = {
+        {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+        {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+        {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"}};
+    for (const auto& [hf, gguf] : sandwich)
+      if (ends_with(hf_name, "." + hf)) {
+        const std::string name = gguf_tensor_name(hf_name.substr(0, hf_name.size() - hf.size()) + "input_layernorm.weight");
+        return name.substr(0, name.size() - std::string("attn_norm.weight").size()) + gguf;
+      }
+  }
+  return gguf_tensor_name(hf_name);
+}
+
 std::string gguf_tensor_name(const std::string& hf_name) {
   if (hf_name == "model.embed_tokens.weight") return "token_embd.weight";
   if (hf_name == "model.norm.weight") return "output_norm.weight";
@@ -584,6 +603,35 @@ at::Tensor gguf_unpermute_rows(const at::Tensor& w, int64_t heads) {
   for (int64_t d = 1; d < w.dim(); ++d) view.push_back(w.size(d));
   return w.reshape(view).transpose(1, 2).reshape(w.sizes()).contiguous();
 }
+
+namespace {
+
+// Gemma 2 as llama.cpp's loader reads it: soft caps (50 and 30 when absent), a window of
+// attention.sliding_window (4096 when absent) on every even layer, GeGLU, embeddings scaled
+// by sqrt(hidden), the embedding as the LM head; attention scaled by head_dim^-0.5, or for
+// the 46-layer (27B) model by (hidden / heads)^-0.5, which is HF's query_pre_attn_scalar for
+// each released size.
+void read_gemma_metadata(const GgufFile& f, const std::string& k, ModelConfig& c) {
+  if (f.has(k + "attention.sliding_window_pattern"))
+    fail(f.path(), k + "attention.sliding_window_pattern is not supported (Gemma 2 alternates, even layers sliding)");
+  if (f.has(k + "rope.freq_base_swa"))
+    fail(f.path(), k + "rope.freq_base_swa is not supported (one RoPE base for every layer)");
+  c.attn_softcap = f.has(k + "attn_logit_softcapping") ? f.get_float(k + "attn_logit_softcapping") : 50.0;
+  c.final_softcap = f.has(k + "final_logit_softcapping") ? f.get_float(k + "final_logit_softcapping") : 30.0;
+  c.sliding_window = f.has(k + "attention.sliding_window") ? f.get_int(k + "attention.sliding_window") : 4096;
+  c.sliding_layers.assign(c.num_layers, false);
+  for (int64_t i = 0; i < c.num_layers; i += 2) c.sliding_layers[i] = true;
+  if (c.sliding_window <= 0 || c.sliding_window >= c.max_position) {
+    c.sliding_window = 0;
+    c.sliding_layers.clear();
+  }
+  c.gelu_tanh = true;
+  c.embedding_scale = std::sqrt(static_cast<double>(c.hidden_size));
+  const int64_t scale_dim = c.num_layers == 46 && c.num_heads > 0 ? c.hidden_size / c.num_heads : c.head_dim;
+  c.attention_scale = scale_dim > 0 ? 1.0 / std::sqrt(static_cast<double>(scale_dim)) : 0.0;
+}
+
+}  // namespace
 
 ModelConfig gguf_config(const GgufFile& f) {
   const std::string arch = f.get_string("general.architecture");
@@ -676,9 +724,11 @@ ModelConfig gguf_config(const GgufFile& f) {
   // context length); kvpipe has no longrope.
   for (const char* name : {"rope_factors_long.weight", "rope_factors_short.weight"})
     if (f.contains(name)) fail(f.path(), std::string("tensor '") + name + "': longrope RoPE scaling is not supported");
-  // A window on every layer is honoured by capping the context at it, as load_hf_config does
-  // (llama.cpp itself runs Phi-3 without one).
-  if (f.has(k + "attention.sliding_window")) {
+  if (traits->gemma) {
+    read_gemma_metadata(f, k, c);
+  } else if (f.has(k + "attention.sliding_window")) {
+    // A window on every layer is honoured by capping the context at it, as load_hf_config
+    // does (llama.cpp itself runs Phi-3 without one).
     const int64_t w = f.get_int(k + "attention.sliding_window");
     if (w > 0 && w < c.max_position) c.max_position = w;
   }
@@ -686,7 +736,8 @@ ModelConfig gguf_config(const GgufFile& f) {
   const GgufTensorInfo& embd = f.tensor("token_embd.weight");
   if (f.has(k + "vocab_size")) c.vocab_size = f.get_int(k + "vocab_size");
   else if (embd.ne.size() == 2) c.vocab_size = embd.ne[1];
-  c.tie_embeddings = !f.contains("output.weight");
+  // llama.cpp's Gemma 2 reads token_embd.weight as its output whatever else the file holds.
+  c.tie_embeddings = traits->gemma || !f.contains("output.weight");
   if (f.has("tokenizer.ggml.bos_token_id")) c.bos_token_id = f.get_int("tokenizer.ggml.bos_token_id");
   if (f.has("tokenizer.ggml.eos_token_id")) c.eos_token_ids = {f.get_int("tokenizer.ggml.eos_token_id")};
   // Messages name the metadata key this file holds, not its config.json counterpart.
@@ -728,8 +779,9 @@ ModelConfig load_gguf_config(const std::string& path) {
 namespace {
 
 // The GGUF name of `hf_name`, whose tensor must have the shape the metadata implies.
-std::string checked_tensor_name(const GgufFile& file, const std::string& hf_name, const std::vector<int64_t>& expected) {
-  const std::string name = gguf_tensor_name(hf_name);
+std::string checked_tensor_name(const GgufFile& file, const ModelConfig& cfg, const std::string& hf_name,
+                                const std::vector<int64_t>& expected) {
+  const std::string name = gguf_tensor_name(cfg, hf_name);
   const std::vector<int64_t> actual = file.tensor(name).shape();
   if (actual != expected)
     fail(file.path(), "tensor '" + name + "' has shape " + shape_text(actual) +
@@ -739,13 +791,14 @@ std::string checked_tensor_name(const GgufFile& file, const std::string& hf_name
 
 }  // namespace
 
-void check_gguf_tensor(const GgufFile& file, const std::string& hf_name, const std::vector<int64_t>& expected) {
-  file.check_loadable(checked_tensor_name(file, hf_name, expected));
+void check_gguf_tensor(const GgufFile& file, const ModelConfig& cfg, const std::string& hf_name,
+                       const std::vector<int64_t>& expected) {
+  file.check_loadable(checked_tensor_name(file, cfg, hf_name, expected));
 }
 
 WeightMatrix load_gguf_matrix(const GgufFile& file, const ModelConfig& cfg, const std::string& hf_name,
                               const std::vector<int64_t>& expected) {
-  const std::string name = checked_tensor_name(file, hf_name, expected);
+  const std::string name = checked_tensor_name(file, cfg, hf_name, expected);
   WeightMatrix m = file.load_matrix(name);
   if (architecture(cfg.architecture).gguf_permuted_qk) {
     // Whole rows move, so the permutation applies to block rows as well as to float rows.
@@ -761,7 +814,7 @@ WeightMatrix load_gguf_matrix(const GgufFile& file, const ModelConfig& cfg, cons
 
 at::Tensor load_gguf_tensor(const GgufFile& file, const ModelConfig& cfg, const std::string& hf_name,
                             const std::vector<int64_t>& expected) {
-  const std::string name = checked_tensor_name(file, hf_name, expected);
+  const std::string name = checked_tensor_name(file, cfg, hf_name, expected);
   at::Tensor t = file.load(name);
   if (architecture(cfg.architecture).gguf_permuted_qk) {
     if (ends_with(name, "attn_q.weight")) return gguf_unpermute_rows(t, cfg.num_heads);
@@ -775,6 +828,9 @@ void write_gguf_file(const std::string& path, const ModelConfig& cfg,
                      const std::function<void(GgufWriter&)>& add_tokenizer) {
   const std::string arch = arch_of(cfg), k = arch + ".";
   const bool permuted = architecture(cfg.architecture).gguf_permuted_qk;
+  // Gemma's metadata and its norms' +1 are llama.cpp's converter's to write, not this one's.
+  if (architecture(cfg.architecture).gemma)
+    throw std::invalid_argument(path + ": writing " + cfg.architecture + " as GGUF is not supported");
   GgufWriter w;
   w.add_string("general.architecture", arch);
   w.add_string("general.name", "kvpipe-random");
@@ -824,7 +880,7 @@ void write_gguf_file(const std::string& path, const ModelConfig& cfg,
   }
 
   for (const auto& [hf_name, tensor] : hf_tensors) {
-    const std::string name = gguf_tensor_name(hf_name);
+    const std::string name = gguf_tensor_name(cfg, hf_name);
     at::Tensor t = tensor.to(dtype);
     if (t.dim() == 1) {
       t = t.to(at::kFloat);  // llama.cpp keeps 1-D tensors (norms, biases) in F32

@@ -156,6 +156,8 @@ ModelConfig gguf_config(const GgufFile& file);
 // The GGUF name of an HF tensor name ("model.layers.3.self_attn.q_proj.weight" ->
 // "blk.3.attn_q.weight"); std::invalid_argument for a name with no GGUF counterpart.
 std::string gguf_tensor_name(const std::string& hf_name);
+// The same for a model of `cfg`'s architecture (Gemma 2 names its norms differently).
+std::string gguf_tensor_name(const ModelConfig& cfg, const std::string& hf_name);
 
 // HF q/k rows -> GGUF llama order (per head: [half, i] -> [i, half]) and back.
 at::Tensor gguf_permute_rows(const at::Tensor& w, int64_t heads);
@@ -169,7 +171,8 @@ at::Tensor load_gguf_tensor(const GgufFile& file, const ModelConfig& cfg, const 
 // Refuses, with the message load_gguf_tensor or load_gguf_matrix would give, the HF tensor
 // `hf_name` when `file` lacks it, holds it in another shape than `expected` or in a type
 // kvpipe cannot compute with; reads no tensor data.
-void check_gguf_tensor(const GgufFile& file, const std::string& hf_name, const std::vector<int64_t>& expected);
+void check_gguf_tensor(const GgufFile& file, const ModelConfig& cfg, const std::string& hf_name,
+                       const std::vector<int64_t>& expected);
 
 // The HF matrix `hf_name` from `file` in its stored type, in HF row order.
 WeightMatrix load_gguf_matrix(const GgufFile& file, const ModelConfig& cfg, const std::string& hf_name,

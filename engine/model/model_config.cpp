@@ -166,6 +166,19 @@ void ModelConfig::validate(const std::string& source,
       if (!(std::isfinite(f) && f > 0))
         fail(source, key("rope_freqs") + " must hold finite positive factors, got " + std::to_string(f));
   }
+  auto non_negative = [&](double v, const char* hf_key) {
+    if (!(std::isfinite(v) && v >= 0))
+      fail(source, key(hf_key) + " must be a finite number >= 0, got " + std::to_string(v));
+  };
+  non_negative(attention_scale, "query_pre_attn_scalar");
+  non_negative(attn_softcap, "attn_logit_softcapping");
+  non_negative(final_softcap, "final_logit_softcapping");
+  if (!(std::isfinite(embedding_scale) && embedding_scale > 0))
+    fail(source, "embedding scale must be a finite positive number, got " + std::to_string(embedding_scale));
+  if (sliding_window < 0) fail(source, key("sliding_window") + " must be >= 0, got " + std::to_string(sliding_window));
+  if (!sliding_layers.empty() && static_cast<int64_t>(sliding_layers.size()) != num_layers)
+    fail(source, key("layer_types") + " names " + std::to_string(sliding_layers.size()) + " layers, not " +
+                     key("num_hidden_layers") + " = " + std::to_string(num_layers));
   for (int64_t id : eos_token_ids)
     if (id < 0 || id >= vocab_size)
       fail(source, key("eos_token_id") + " " + std::to_string(id) + " is outside the vocabulary (0.." +
@@ -188,7 +201,16 @@ int64_t ModelConfig::layer_params() const {
   int64_t attn = hidden_size * (q + 2 * kv) + q * hidden_size;
   if (qkv_bias) attn += q + 2 * kv;
   if (qk_norm) attn += 2 * head_dim;
-  return attn + 3 * hidden_size * intermediate_size + 2 * hidden_size;
+  const Architecture* arch = find_architecture(architecture);
+  const int64_t norms = arch != nullptr && arch->sandwich_norms ? 4 : 2;
+  return attn + 3 * hidden_size * intermediate_size + norms * hidden_size;
+}
+
+bool ModelConfig::masked_or_capped_attention() const {
+  if (attn_softcap > 0) return true;
+  for (int64_t l = 0; l < num_layers; ++l)
+    if (layer_window(l) > 0) return true;
+  return false;
 }
 
 int64_t ModelConfig::total_params() const {
@@ -292,11 +314,59 @@ void refuse_partial_rotary(json& j, const std::string& path) {
   params->erase("partial_rotary_factor");
 }
 
+// A number that config.json may set to null to turn its feature off (Gemma's soft-capping):
+// absent is transformers' default, null is 0 (off).
+double get_nullable_number(const json& j, const std::string& key, double fallback, const std::string& src) {
+  const auto it = j.find(key);
+  if (it == j.end()) return fallback;
+  if (it->is_null()) return 0.0;
+  if (!it->is_number()) wrong_type(src, key, "a number or null", *it);
+  return it->get<double>();
+}
+
+// Gemma 2's attention as Gemma2Config defines it: scores scaled by query_pre_attn_scalar^-0.5
+// and soft-capped, logits soft-capped, and layers of layer_types (by default every even
+// one) windowed by sliding_window, which the window a whole context fits in turns off.
+void read_gemma_attention(const json& j, const std::string& path, ModelConfig& c) {
+  if (get_bool(j, "use_bidirectional_attention", false, path))
+    fail(path, "'use_bidirectional_attention: true' is not supported");
+  const double scalar = get_number(j, "query_pre_attn_scalar", 256.0, path);
+  if (!(std::isfinite(scalar) && scalar > 0))
+    fail(path, "'query_pre_attn_scalar' must be a finite positive number, got " + std::to_string(scalar));
+  c.attention_scale = 1.0 / std::sqrt(scalar);
+  c.attn_softcap = get_nullable_number(j, "attn_logit_softcapping", 50.0, path);
+  c.final_softcap = get_nullable_number(j, "final_logit_softcapping", 30.0, path);
+  const auto window = j.find("sliding_window");
+  c.sliding_window = window == j.end() ? 4096 : window->is_null() ? 0 : get_int(j, "sliding_window", path);
+  c.sliding_layers.assign(c.num_layers, false);
+  if (const json* types = find(j, "layer_types")) {
+    if (!types->is_array()) wrong_type(path, "layer_types", "a list of layer types", *types);
+    if (static_cast<int64_t>(types->size()) != c.num_layers)
+      fail(path, "'layer_types' names " + std::to_string(types->size()) + " layers, not 'num_hidden_layers' = " +
+                     std::to_string(c.num_layers));
+    for (size_t i = 0; i < types->size(); ++i) {
+      const json& t = (*types)[i];
+      const std::string name = t.is_string() ? t.get<std::string>() : "";
+      if (name != "full_attention" && name != "sliding_attention")
+        fail(path, "'layer_types': layer type " + describe(t) +
+                       " is not supported (full_attention, sliding_attention)");
+      c.sliding_layers[i] = name == "sliding_attention";
+    }
+  } else {
+    for (int64_t i = 0; i < c.num_layers; ++i) c.sliding_layers[i] = (i + 1) % 2 != 0;
+  }
+  if (c.sliding_window <= 0 || c.sliding_window >= c.max_position) {
+    c.sliding_window = 0;
+    c.sliding_layers.clear();
+  }
+}
+
 // Which keys each layer attends to. kvpipe's layers all attend to every earlier key, so a
 // sliding window is taken only where it cannot change attention: past its length it is
 // honoured by capping the context there (Mistral, Phi-3), and windows on some layers only
 // (Qwen2's and Qwen3's use_sliding_window, layer_types naming sliding layers) are refused.
 void read_attention_layers(const json& j, const std::string& path, ModelConfig& c) {
+  if (architecture(c.architecture).gemma) return read_gemma_attention(j, path, c);
   const bool qwen = c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen3ForCausalLM";
   if (qwen && get_bool(j, "use_sliding_window", false, path)) fail(path, "'use_sliding_window: true' is not supported");
   if (const json* types = find(j, "layer_types")) {
@@ -412,10 +482,18 @@ ModelConfig load_hf_config(const std::string& dir) {
                                                                  : 0;
   c.head_dim = get_int(j, "head_dim", default_head_dim, path);
   c.rms_eps = get_number(j, "rms_norm_eps", 1e-6, path);
-  c.tie_embeddings = get_bool(j, "tie_word_embeddings", false, path);
+  c.tie_embeddings = get_bool(j, "tie_word_embeddings", traits->default_tied, path);
 
-  const std::string act = get_string(j, "hidden_act", "silu", path);
-  if (act != "silu") fail(path, "unsupported 'hidden_act' '" + act + "' (only silu)");
+  if (traits->gemma) {
+    // Gemma2Config's activation key; gelu_pytorch_tanh is gelu with the tanh approximation.
+    const std::string act = get_string(j, "hidden_activation", "gelu_pytorch_tanh", path);
+    if (act != "gelu_pytorch_tanh") fail(path, "unsupported 'hidden_activation' '" + act + "' (only gelu_pytorch_tanh)");
+    c.gelu_tanh = true;
+    c.embedding_scale = std::sqrt(static_cast<double>(c.hidden_size));
+  } else {
+    const std::string act = get_string(j, "hidden_act", "silu", path);
+    if (act != "silu") fail(path, "unsupported 'hidden_act' '" + act + "' (only silu)");
+  }
   refuse_partial_rotary(j, path);
   read_rope(j, path, c);
   read_attention_layers(j, path, c);

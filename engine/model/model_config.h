@@ -72,6 +72,18 @@ struct ModelConfig {
   bool tie_embeddings = false;
   bool qkv_bias = false;           // Qwen2
   bool qk_norm = false;            // Qwen3: RMSNorm over each q and k head before RoPE
+  // Gemma 2 (engine/model/architecture.h): GeGLU (gelu, tanh approximation) instead of
+  // SwiGLU, embeddings times `embedding_scale`, attention scores times `attention_scale`
+  // (0: head_dim^-0.5), then soft-capped as cap * tanh(score / cap) (0: not capped), as are
+  // the LM head's logits, and the layers that `sliding_layers` marks see only the last
+  // `sliding_window` keys (themselves included).
+  bool gelu_tanh = false;
+  double embedding_scale = 1.0;
+  double attention_scale = 0.0;
+  double attn_softcap = 0.0;
+  double final_softcap = 0.0;
+  int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;  // empty, or one per layer
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1;
 
@@ -92,6 +104,13 @@ struct ModelConfig {
   int64_t kv_bytes_per_token_layer(int64_t element_size) const {
     return 2 * num_kv_heads * head_dim * element_size;
   }
+  // The window of `layer` (0: it sees every earlier key).
+  int64_t layer_window(int64_t layer) const {
+    return layer < static_cast<int64_t>(sliding_layers.size()) && sliding_layers[layer] ? sliding_window : 0;
+  }
+  // Whether some layer's attention is more than a causal softmax (soft-capped or windowed):
+  // only the per-sequence attention path computes those.
+  bool masked_or_capped_attention() const;
 };
 
 // RoPE's inverse frequencies for `cfg`, in float64 [rope_dim / 2]: theta^(-2i / rope_dim),

@@ -56,6 +56,7 @@ int64_t ModelWeights::bytes() const {
     add_matrix(lm_head);
   for (const auto& l : layer) {
     add(l.input_norm), add_matrix(l.qkv), add(l.qkv_bias), add(l.qk_norm), add_matrix(l.o), add(l.post_norm);
+    add(l.attn_out_norm), add(l.mlp_out_norm);
     add_matrix(l.gate_up), add_matrix(l.down);
   }
   return total;
@@ -87,6 +88,10 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> hf_tensor_layout(const
     }
     out.push_back({layer_name(i, "self_attn.o_proj.weight"), {h, q}});
     out.push_back({layer_name(i, "post_attention_layernorm.weight"), {h}});
+    if (arch.sandwich_norms) {
+      out.push_back({layer_name(i, "pre_feedforward_layernorm.weight"), {h}});
+      out.push_back({layer_name(i, "post_feedforward_layernorm.weight"), {h}});
+    }
     if (arch.fused_gate_up) {
       out.push_back({layer_name(i, "mlp.gate_up_proj.weight"), {2 * ff, h}});
     } else {
@@ -200,7 +205,14 @@ ModelWeights build_weights(const ModelConfig& cfg, const WeightSelection& sel, a
                            get(layer_name(i, "self_attn.k_norm.weight"), {cfg.head_dim})
                                .expand({cfg.num_kv_heads, cfg.head_dim})});
     l.o = matrix(layer_name(i, "self_attn.o_proj.weight"), {h, q});
-    l.post_norm = get(layer_name(i, "post_attention_layernorm.weight"), {h});
+    if (arch.sandwich_norms) {
+      // Gemma 2's post_attention_layernorm is on the attention's output, not before the MLP.
+      l.attn_out_norm = get(layer_name(i, "post_attention_layernorm.weight"), {h});
+      l.post_norm = get(layer_name(i, "pre_feedforward_layernorm.weight"), {h});
+      l.mlp_out_norm = get(layer_name(i, "post_feedforward_layernorm.weight"), {h});
+    } else {
+      l.post_norm = get(layer_name(i, "post_attention_layernorm.weight"), {h});
+    }
     l.gate_up = arch.fused_gate_up
                     ? matrix(layer_name(i, "mlp.gate_up_proj.weight"), {2 * ff, h})
                     : WeightMatrix::concat({matrix(layer_name(i, "mlp.gate_proj.weight"), {ff, h}),
@@ -241,7 +253,8 @@ ModelWeights move_weights(const ModelWeights& from, at::Device device, at::Scala
   w.lm_head = tied ? w.embedding : matrix(from.lm_head);
   for (const LayerWeights& l : from.layer)
     w.layer.push_back({tensor(l.input_norm), matrix(l.qkv), tensor(l.qkv_bias), tensor(l.qk_norm), matrix(l.o),
-                       tensor(l.post_norm), matrix(l.gate_up), matrix(l.down)});
+                       tensor(l.post_norm), tensor(l.attn_out_norm), tensor(l.mlp_out_norm), matrix(l.gate_up),
+                       matrix(l.down)});
   return w;
 }
 
@@ -310,7 +323,7 @@ void check_model_tensors(const std::string& path, const ModelConfig& cfg) {
   if (path.rfind(kDummyPrefix, 0) == 0) return;
   if (is_gguf_path(path)) {
     const GgufFile file(path);
-    for (const auto& [name, shape] : hf_tensor_layout(cfg)) check_gguf_tensor(file, name, shape);
+    for (const auto& [name, shape] : hf_tensor_layout(cfg)) check_gguf_tensor(file, cfg, name, shape);
     return;
   }
   // A directory of config.json alone describes a shape to plan for (a cluster job's model
@@ -345,8 +358,11 @@ ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,
   };
   return build_weights(
       cfg, sel, dtype, device,
-      [files, check_shape, dtype](const std::string& name, const std::vector<int64_t>& shape) {
+      [files, check_shape, dtype, plus_one = architecture(cfg.architecture).norm_plus_one](
+          const std::string& name, const std::vector<int64_t>& shape) {
         check_shape(name, shape);
+        // Gemma's norms multiply by 1 + weight: added here, in float32, as the GGUF converter does.
+        if (plus_one && is_norm(name)) return files->load(name, at::kFloat).add(1.0).to(dtype);
         return files->load(name, dtype);
       },
       [files, check_shape, dtype](const std::string& name, const std::vector<int64_t>& shape) {

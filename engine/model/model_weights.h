@@ -43,7 +43,9 @@ struct LayerWeights {
   // unless the model normalises q and k.
   at::Tensor qk_norm;
   WeightMatrix o;          // [hidden, heads * head_dim]
-  at::Tensor post_norm;    // [hidden]
+  at::Tensor post_norm;    // [hidden]: the norm before the MLP
+  at::Tensor attn_out_norm;  // [hidden], Gemma 2: on the attention's output, before the residual
+  at::Tensor mlp_out_norm;   // [hidden], Gemma 2: on the MLP's output, before the residual
   WeightMatrix gate_up;    // [2 * intermediate, hidden]
   WeightMatrix down;       // [hidden, intermediate]
 };

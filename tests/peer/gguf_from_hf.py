@@ -2,7 +2,8 @@
 `gguf` package, llama.cpp's own writer, following llama.cpp's convert_hf_to_gguf.py: llama.cpp's
 tensor-name map, q/k rows permuted per head for the llama architecture (not for qwen2, qwen3
 and phi3, which llama.cpp rotates NeoX-style; Qwen3's q/k norms become attn_q_norm and
-attn_k_norm, Phi-3's fused qkv_proj and gate_up_proj become attn_qkv and ffn_up), the
+attn_k_norm, Phi-3's fused qkv_proj and gate_up_proj become attn_qkv and ffn_up, Gemma 2's
+norms are stored as 1 + weight with its soft caps and window as metadata), the
 embedding reused as the LM head when the model ties them, RoPE from `rope_parameters`
 (transformers 5) or `rope_theta` + `rope_scaling` (earlier), linear and yarn scaling as
 metadata (TextModel.set_gguf_parameters) and llama3 scaling as the rope_freqs.weight divisors
@@ -44,7 +45,7 @@ def main() -> int:
     hf_arch = cfg["architectures"][0]
     arch = {"LlamaForCausalLM": gguf.MODEL_ARCH.LLAMA, "MistralForCausalLM": gguf.MODEL_ARCH.LLAMA,
             "Qwen2ForCausalLM": gguf.MODEL_ARCH.QWEN2, "Qwen3ForCausalLM": gguf.MODEL_ARCH.QWEN3,
-            "Phi3ForCausalLM": gguf.MODEL_ARCH.PHI3}[hf_arch]
+            "Phi3ForCausalLM": gguf.MODEL_ARCH.PHI3, "Gemma2ForCausalLM": gguf.MODEL_ARCH.GEMMA2}[hf_arch]
     n_head, n_layer = cfg["num_attention_heads"], cfg["num_hidden_layers"]
     n_kv = cfg.get("num_key_value_heads", n_head)
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // n_head
@@ -73,6 +74,11 @@ def main() -> int:
             rope.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings",
                                                                  cfg["max_position_embeddings"])))
         writer.add_sliding_window(cfg.get("sliding_window") or 0)
+    if arch == gguf.MODEL_ARCH.GEMMA2:
+        # What convert_hf_to_gguf.py's Gemma2Model adds; its norms are stored as 1 + weight.
+        writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        writer.add_sliding_window(cfg["sliding_window"])
     rope_freqs = None
     if rope_type == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -128,6 +134,12 @@ def main() -> int:
         data = tensors[hf_name]
         if data.dtype not in (np.float32, np.float16):
             data = data.astype(np.float32)
+        if arch == gguf.MODEL_ARCH.GEMMA2 and hf_name.endswith("norm.weight"):
+            data = data.astype(np.float32) + 1
+        if arch == gguf.MODEL_ARCH.GEMMA2 and hf_name == "lm_head.weight":
+            print("gguf_from_hf: llama.cpp's Gemma 2 takes token_embd as its output: an untied lm_head "
+                  "is not written", file=sys.stderr)
+            return 2
         if arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith("q_proj.weight"):
             data = permute(data, n_head)
         elif arch == gguf.MODEL_ARCH.LLAMA and hf_name.endswith("k_proj.weight"):

@@ -1,6 +1,7 @@
-// Qwen3 and Phi-3 beside Llama, Mistral and Qwen2: config.json as transformers saves each
-// one is read into the math it defines (Qwen3's q/k norms and its own default head size,
-// Phi-3's fused projections and its sliding window), every key that would change that math
+// Qwen3, Phi-3 and Gemma 2 beside Llama, Mistral and Qwen2: config.json as transformers saves
+// each one is read into the math it defines (Qwen3's q/k norms and its own default head size,
+// Phi-3's fused projections and its sliding window, Gemma 2's scales, soft caps and
+// interleaved sliding-window layers), every key that would change that math
 // and kvpipe does not apply is refused by name, and the tensor layout is the one the HF files
 // hold.
 #include "engine/model/architecture.h"
@@ -83,6 +84,35 @@ TEST_F(Architectures, Phi3AsTransformersSavesIt) {
   EXPECT_EQ(load_hf_config(config("Phi3ForCausalLM", R"("sliding_window": 1000)")).max_position, 256);
 }
 
+TEST_F(Architectures, Gemma2AsTransformersSavesIt) {
+  const ModelConfig c = load_hf_config(config("Gemma2ForCausalLM", R"("head_dim": 32, "query_pre_attn_scalar": 64,
+      "hidden_activation": "gelu_pytorch_tanh", "sliding_window": 8, "attn_logit_softcapping": 50.0,
+      "final_logit_softcapping": 30.0, "layer_types": ["sliding_attention", "full_attention"],
+      "use_bidirectional_attention": null, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"})"));
+  EXPECT_TRUE(c.gelu_tanh);
+  EXPECT_TRUE(c.tie_embeddings);  // Gemma2Config's default
+  EXPECT_DOUBLE_EQ(c.embedding_scale, 8.0);
+  EXPECT_DOUBLE_EQ(c.attention_scale, 0.125);
+  EXPECT_DOUBLE_EQ(c.attn_softcap, 50.0);
+  EXPECT_DOUBLE_EQ(c.final_softcap, 30.0);
+  EXPECT_EQ(c.layer_window(0), 8);
+  EXPECT_EQ(c.layer_window(1), 0);
+  EXPECT_TRUE(c.masked_or_capped_attention());
+  // transformers' defaults: head_dim 256, every even layer sliding over 4096 keys; a null cap
+  // turns capping off; a window the whole context fits in is no window.
+  const ModelConfig d = load_hf_config(config("Gemma2ForCausalLM", R"("max_position_embeddings": 8192,
+      "attn_logit_softcapping": null, "final_logit_softcapping": null)"));
+  EXPECT_EQ(d.head_dim, 256);
+  EXPECT_EQ(d.layer_window(0), 4096);
+  EXPECT_EQ(d.layer_window(1), 0);
+  EXPECT_DOUBLE_EQ(d.attn_softcap, 0.0);
+  EXPECT_DOUBLE_EQ(d.final_softcap, 0.0);
+  const ModelConfig e = load_hf_config(config("Gemma2ForCausalLM", R"("sliding_window": 256,
+      "attn_logit_softcapping": null)"));
+  EXPECT_EQ(e.layer_window(0), 0);
+  EXPECT_FALSE(e.masked_or_capped_attention());
+}
+
 TEST_F(Architectures, WhatKvpipeDoesNotApplyIsRefusedByName) {
   EXPECT_NE(refusal("Qwen3ForCausalLM", R"("attention_bias": true)").find("'attention_bias: true'"),
             std::string::npos);
@@ -106,8 +136,19 @@ TEST_F(Architectures, WhatKvpipeDoesNotApplyIsRefusedByName) {
                   .find("type '" + type + "'"),
               std::string::npos);
   EXPECT_NE(refusal("Phi3ForCausalLM", R"("attention_bias": true)").find("'attention_bias'"), std::string::npos);
-  EXPECT_NE(refusal("Gemma2ForCausalLM", "").find("unsupported architecture 'Gemma2ForCausalLM'"),
+  EXPECT_NE(refusal("Gemma3ForCausalLM", "").find("unsupported architecture 'Gemma3ForCausalLM'"),
             std::string::npos);
+  EXPECT_NE(refusal("Gemma2ForCausalLM", R"("hidden_activation": "gelu")").find("'hidden_activation' 'gelu'"),
+            std::string::npos);
+  EXPECT_NE(refusal("Gemma2ForCausalLM", R"("use_bidirectional_attention": true)")
+                .find("'use_bidirectional_attention: true'"),
+            std::string::npos);
+  EXPECT_NE(refusal("Gemma2ForCausalLM", R"("layer_types": ["full_attention", "chunked_attention"])")
+                .find("'layer_types': layer type string \"chunked_attention\""),
+            std::string::npos);
+  EXPECT_NE(refusal("Gemma2ForCausalLM", R"("layer_types": ["full_attention"])").find("'layer_types' names 1 layers"),
+            std::string::npos);
+  EXPECT_NE(refusal("Gemma2ForCausalLM", R"("attention_bias": true)").find("'attention_bias'"), std::string::npos);
 }
 
 TEST_F(Architectures, TensorLayoutIsTheOneTheHfFilesHold) {
@@ -130,7 +171,12 @@ TEST_F(Architectures, TensorLayoutIsTheOneTheHfFilesHold) {
     EXPECT_EQ(n.find("q_proj"), std::string::npos) << n;
     EXPECT_EQ(n.find("gate_proj"), std::string::npos) << n;
   }
-  EXPECT_THROW(names("Gemma2ForCausalLM"), std::invalid_argument);
+  const std::vector<std::string> gemma2 = names("Gemma2ForCausalLM");
+  for (const char* norm : {"post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"})
+    EXPECT_NE(std::find(gemma2.begin(), gemma2.end(), std::string("model.layers.0.") + norm + ".weight [256]"),
+              gemma2.end())
+        << norm;
+  EXPECT_THROW(names("Gemma3ForCausalLM"), std::invalid_argument);
 }
 
 }  // namespace

@@ -356,6 +356,22 @@ TEST(AttentionBackend, PathFollowsDeviceStepAndPool) {
   windowed.window_recent = 4;
   EXPECT_EQ(choose_attention_path(q, pool, windowed, ctx, AttentionPath::kPagedDecode), AttentionPath::kPerSequence);
   EXPECT_EQ(choose_attention_path(q, pool, windowed, ctx, AttentionPath::kVarlen), AttentionPath::kPerSequence);
+  // Soft-capped scores or sliding-window layers (Gemma 2) the batched paths do not compute:
+  // such a model's steps take the per-sequence path whatever is preferred, on a GPU too.
+  EXPECT_EQ(choose_attention_path(q, pool, decode, ctx, AttentionPath::kPagedDecode, /*masked_or_capped=*/true),
+            AttentionPath::kPerSequence);
+  EXPECT_EQ(choose_attention_path(q, pool, decode, ctx, AttentionPath::kVarlen, /*masked_or_capped=*/true),
+            AttentionPath::kPerSequence);
+  for (const bool on_gpu : {false, true})
+    for (const at::ScalarType dtype : {at::kFloat, at::kHalf})
+      for (const std::optional<AttentionPath> preferred :
+           {std::optional<AttentionPath>(), std::optional<AttentionPath>(AttentionPath::kPagedDecode),
+            std::optional<AttentionPath>(AttentionPath::kVarlen)})
+        EXPECT_EQ(choose_attention_path(dtype, 128, on_gpu, pool, decode, preferred, /*masked_or_capped=*/true),
+                  AttentionPath::kPerSequence);
+  // ... where a plain model's decode step on a GPU takes the paged kernel.
+  EXPECT_EQ(choose_attention_path(at::kFloat, 128, /*on_gpu=*/true, pool, decode, std::nullopt),
+            AttentionPath::kPagedDecode);
   EXPECT_EQ(parse_attention_path("paged", "x"), AttentionPath::kPagedDecode);
   EXPECT_THROW(parse_attention_path("flash", "KVPIPE_ATTENTION"), std::invalid_argument);
   // Chosen before the step's tensors exist, the same way.

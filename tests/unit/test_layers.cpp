@@ -307,6 +307,35 @@ TEST(LayersLongAttention, window_with_keys_in_any_order) {
   EXPECT_FALSE(at::allclose(ordered, windowed_attention(q, k, v, positions, positions, {}, 0.3), 1e-3, 1e-4));
 }
 
+// A layer's own sliding window (Gemma 2) masks a single decode query too, which sees only
+// the last `sliding` keys; soft-capping bounds each score by the cap: both against a float64
+// computation over the same keys.
+TEST(LayersLongAttention, sliding_window_and_soft_cap_mask_and_bound_every_query) {
+  const int64_t L = 20, heads = 4, kv_heads = 2, hd = 8, sliding = 6;
+  const double scale = 0.7, cap = 1.5;
+  const at::Tensor q = to_tensor(random_floats(heads * hd, 47, -2.0f, 2.0f), {1, heads, hd});
+  const at::Tensor k = to_tensor(random_floats(L * kv_heads * hd, 48, -2.0f, 2.0f), {L, kv_heads, hd});
+  const at::Tensor v = to_tensor(random_floats(L * kv_heads * hd, 49), {L, kv_heads, hd});
+  const at::Tensor kp = at::arange(L, at::kLong), qp = at::full({1}, L - 1, at::kLong);
+  AttentionWindow window;
+  window.sliding = sliding;
+  window.softcap = cap;
+  const at::Tensor out = windowed_attention(q, k, v, qp, kp, window, scale);
+  // Reference: query head h reads kv head h / 2, over keys L - sliding .. L - 1 only.
+  const at::Tensor qd = q.to(at::kDouble)[0], kd = k.to(at::kDouble), vd = v.to(at::kDouble);
+  std::vector<at::Tensor> heads_out;
+  for (int64_t h = 0; h < heads; ++h) {
+    const at::Tensor keys = kd.narrow(0, L - sliding, sliding).select(1, h / 2);
+    const at::Tensor scores = (keys.matmul(qd[h]) * scale / cap).tanh() * cap;
+    heads_out.push_back(at::softmax(scores, 0).matmul(vd.narrow(0, L - sliding, sliding).select(1, h / 2)));
+  }
+  const at::Tensor ref = at::cat(heads_out).view({1, heads * hd});
+  EXPECT_TRUE(at::allclose(out.to(at::kDouble), ref, 1e-5, 1e-6)) << (out.to(at::kDouble) - ref).abs().max();
+  // Without the window the same query sees all 20 keys.
+  window.sliding = 0;
+  EXPECT_FALSE(at::allclose(windowed_attention(q, k, v, qp, kp, window, scale).to(at::kDouble), ref, 1e-3, 1e-4));
+}
+
 INSTANTIATE_TEST_SUITE_P(LayersHeadLayouts, LayersCausalAttention,
                          ::testing::Values(AttentionCase{8, 2, 1}, AttentionCase{8, 2, 3},
                                            AttentionCase{4, 4, 1}, AttentionCase{4, 4, 3},
