@@ -15,6 +15,15 @@ ModelShard::ModelShard(ModelWeights weights, int64_t first_cached_layer)
   // float32 table would promote 16-bit queries and keys to float32.
   rope_ = make_rope_tables(c.max_position, rope_inv_freq(c), weights_.dtype, c.rope_scaling.attention_factor);
   if (!weights_.device.is_cpu()) rope_ = {rope_.cos.to(weights_.device), rope_.sin.to(weights_.device)};
+  if (c.local_rope_theta > 0) {
+    // Gemma 3's local layers: plain RoPE of their own base, the model's scaling not applied.
+    ModelConfig local = c;
+    local.rope_theta = c.local_rope_theta;
+    local.rope_scaling = RopeScaling{};
+    local_rope_ = make_rope_tables(c.max_position, rope_inv_freq(local), weights_.dtype);
+    if (!weights_.device.is_cpu())
+      local_rope_ = {local_rope_.cos.to(weights_.device), local_rope_.sin.to(weights_.device)};
+  }
   attention_path_ = attention_path_from_env();
 }
 
@@ -58,16 +67,18 @@ AttentionWindow ModelShard::attention_window(const StepBatch& batch, int64_t lay
   return {batch.window_sinks, batch.window_recent, weights_.config.layer_window(layer), weights_.config.attn_softcap};
 }
 
-std::array<at::Tensor, 3> ModelShard::project_qkv(const at::Tensor& x, const LayerWeights& w,
-                                                  const at::Tensor& positions) const {
+std::array<at::Tensor, 3> ModelShard::project_qkv(const at::Tensor& x, int64_t local, const at::Tensor& positions) const {
   const ModelConfig& c = weights_.config;
+  const LayerWeights& w = weights_.layer[local];
+  const RopeTables& rope =
+      local_rope_.cos.defined() && c.local_layer(weights_.layers.begin + local) ? local_rope_ : rope_;
   const int64_t T = x.size(0), q_dim = c.num_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
   const at::Tensor qkv = w.qkv.matmul(x, w.qkv_bias);
   // q and k heads are adjacent in the fused projection: normalise and rotate them in one pass.
   const int64_t qk_heads = c.num_heads + c.num_kv_heads;
   at::Tensor qk = qkv.narrow(1, 0, q_dim + kv_dim).view({T, qk_heads, c.head_dim});
   if (w.qk_norm.defined()) qk = rms_norm(qk, w.qk_norm, c.rms_eps);
-  qk = apply_rope(qk, positions, rope_);
+  qk = apply_rope(qk, positions, rope);
   return {qk.narrow(1, 0, c.num_heads), qk.narrow(1, c.num_heads, c.num_kv_heads),
           qkv.narrow(1, q_dim + kv_dim, kv_dim).reshape({T, c.num_kv_heads, c.head_dim})};
 }
@@ -76,7 +87,7 @@ at::Tensor ModelShard::attention_block(const at::Tensor& x, int64_t local, const
                                        const StepContext& ctx, BlockPool& pool) const {
   const ModelConfig& c = weights_.config;
   const LayerWeights& w = weights_.layer[local];
-  const auto [q, k, v] = project_qkv(x, w, ctx.positions);
+  const auto [q, k, v] = project_qkv(x, local, ctx.positions);
   const int64_t pool_layer = weights_.layers.begin + local - std::max(weights_.layers.begin, first_cached_layer_);
   pool.write(pool_layer, ctx.slots, k, v);
 
@@ -116,7 +127,7 @@ at::Tensor ModelShard::recompute_attention_block(const at::Tensor& x, int64_t lo
                                                  const StepContext& ctx) const {
   const ModelConfig& c = weights_.config;
   const LayerWeights& w = weights_.layer[local];
-  const auto [q, k, v] = project_qkv(x, w, ctx.full_positions);
+  const auto [q, k, v] = project_qkv(x, local, ctx.full_positions);
   const double scale = attention_scale();
   const AttentionWindow window = attention_window(batch, weights_.layers.begin + local);
   std::vector<at::Tensor> outs;

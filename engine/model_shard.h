@@ -63,9 +63,9 @@ class ModelShard {
   bool step_reads_keys(const BlockPool& pool, const StepBatch& batch) const;
 
  private:
-  // x [T, hidden] -> q [T, heads, head_dim] and k, v [T, kv_heads, head_dim], q and k
-  // normalised where the model says so and rotated at `positions`.
-  std::array<at::Tensor, 3> project_qkv(const at::Tensor& x, const LayerWeights& w, const at::Tensor& positions) const;
+  // x [T, hidden] -> q [T, heads, head_dim] and k, v [T, kv_heads, head_dim] of the shard's
+  // layer `local_layer`, q and k normalised where the model says so and rotated at `positions`.
+  std::array<at::Tensor, 3> project_qkv(const at::Tensor& x, int64_t local_layer, const at::Tensor& positions) const;
   double attention_scale() const;
   // The keys model layer `layer` sees in `batch` (the job's window and the layer's own) and
   // its scores' soft cap.
@@ -78,6 +78,7 @@ class ModelShard {
   ModelWeights weights_;
   int64_t first_cached_layer_ = 0;
   RopeTables rope_;
+  RopeTables local_rope_;  // Gemma 3's local layers; undefined for other models
   std::optional<AttentionPath> attention_path_;
   mutable std::array<int64_t, 3> attention_calls_{};
 };

@@ -35,7 +35,23 @@ const std::vector<Architecture>& table() {
     gemma2.sandwich_norms = true;
     gemma2.gemma = true;
     gemma2.default_tied = true;
-    return std::vector<Architecture>{llama, mistral, qwen2, qwen3, phi3, gemma2};
+    gemma2.gguf_head_is_embedding = true;
+    gemma2.sliding_pattern = 2;
+    gemma2.default_attn_softcap = 50.0;
+    gemma2.default_final_softcap = 30.0;
+    // Gemma 3's text model: Gemma 2's layer without soft-capping, with Qwen3-style q/k norms
+    // (of 1 + weight) and a local RoPE base on its sliding layers.
+    Architecture gemma3 = gemma2;
+    gemma3.hf_name = "Gemma3ForCausalLM";
+    gemma3.model_type = "gemma3_text";
+    gemma3.gguf_name = "gemma3";
+    gemma3.qk_norm = true;
+    gemma3.sliding_pattern = 6;
+    gemma3.default_attn_softcap = 0.0;
+    gemma3.default_final_softcap = 0.0;
+    gemma3.local_rope = true;
+    gemma3.gguf_head_is_embedding = false;
+    return std::vector<Architecture>{llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3};
   }();
   return archs;
 }

@@ -33,11 +33,19 @@ struct Architecture {
   // Gemma 2: a norm after attention and one after the MLP (post_attention_layernorm, then
   // pre_ and post_feedforward_layernorm; GGUF post_attention_norm, ffn_norm, post_ffw_norm).
   bool sandwich_norms = false;
-  // Gemma 2: layers alternate between a sliding window (even layers) and full attention, the
-  // logits of attention and of the LM head are soft-capped, GeGLU replaces SwiGLU, and the
-  // embedding is scaled by sqrt(hidden_size).
+  // Gemma 2 and 3: layers interleave a sliding window with full attention, GeGLU replaces
+  // SwiGLU, the embedding is scaled by sqrt(hidden_size), and logits may be soft-capped.
   bool gemma = false;
   bool default_tied = false;  // tie_word_embeddings when config.json does not say
+  bool gguf_head_is_embedding = false;  // llama.cpp reads token_embd as the LM head (Gemma 2)
+  // Gemma: without layer_types, layer i slides unless (i + 1) is a multiple of this (2: Gemma
+  // 2's alternation, 6: Gemma 3's five local layers per global one); and the soft caps
+  // transformers' config defaults to (0: none; Gemma 3 has none).
+  int64_t sliding_pattern = 0;
+  double default_attn_softcap = 0.0;
+  double default_final_softcap = 0.0;
+  // Gemma 3: the sliding layers rotate with a RoPE base of their own (rope_local_base_freq).
+  bool local_rope = false;
 };
 
 // The entry for an HF architecture name, or nullptr when kvpipe does not run it.

@@ -606,28 +606,32 @@ at::Tensor gguf_unpermute_rows(const at::Tensor& w, int64_t heads) {
 
 namespace {
 
-// Gemma 2 as llama.cpp's loader reads it: soft caps (50 and 30 when absent), a window of
-// attention.sliding_window (4096 when absent) on every even layer, GeGLU, embeddings scaled
-// by sqrt(hidden), the embedding as the LM head; attention scaled by head_dim^-0.5, or for
-// the 46-layer (27B) model by (hidden / heads)^-0.5, which is HF's query_pre_attn_scalar for
-// each released size.
-void read_gemma_metadata(const GgufFile& f, const std::string& k, ModelConfig& c) {
+// Gemma 2 and 3 as llama.cpp's loaders read them: Gemma 2's soft caps (50 and 30 when
+// absent) and window (4096 when absent) on every even layer; Gemma 3's optional final soft
+// cap, a window only where attention.sliding_window is set, on five layers of every six,
+// which rotate with rope.freq_base_swa (10000 when absent); GeGLU, embeddings scaled by
+// sqrt(hidden), the embedding as the LM head; attention scaled by head_dim^-0.5, or for the
+// 27B models (46 and 62 layers) by (hidden / heads)^-0.5, which is HF's
+// query_pre_attn_scalar for each released size.
+void read_gemma_metadata(const GgufFile& f, const std::string& k, const Architecture& arch, ModelConfig& c) {
   if (f.has(k + "attention.sliding_window_pattern"))
-    fail(f.path(), k + "attention.sliding_window_pattern is not supported (Gemma 2 alternates, even layers sliding)");
-  if (f.has(k + "rope.freq_base_swa"))
+    fail(f.path(), k + "attention.sliding_window_pattern is not supported (the architecture's own pattern only)");
+  const bool gemma3 = arch.local_rope;
+  if (!gemma3 && f.has(k + "rope.freq_base_swa"))
     fail(f.path(), k + "rope.freq_base_swa is not supported (one RoPE base for every layer)");
-  c.attn_softcap = f.has(k + "attn_logit_softcapping") ? f.get_float(k + "attn_logit_softcapping") : 50.0;
-  c.final_softcap = f.has(k + "final_logit_softcapping") ? f.get_float(k + "final_logit_softcapping") : 30.0;
-  c.sliding_window = f.has(k + "attention.sliding_window") ? f.get_int(k + "attention.sliding_window") : 4096;
-  c.sliding_layers.assign(c.num_layers, false);
-  for (int64_t i = 0; i < c.num_layers; i += 2) c.sliding_layers[i] = true;
-  if (c.sliding_window <= 0 || c.sliding_window >= c.max_position) {
-    c.sliding_window = 0;
-    c.sliding_layers.clear();
+  c.attn_softcap = gemma3 ? 0.0 : f.has(k + "attn_logit_softcapping") ? f.get_float(k + "attn_logit_softcapping") : 50.0;
+  c.final_softcap = f.has(k + "final_logit_softcapping") ? f.get_float(k + "final_logit_softcapping") : gemma3 ? 0.0 : 30.0;
+  c.sliding_window = f.has(k + "attention.sliding_window") ? f.get_int(k + "attention.sliding_window") : gemma3 ? 0 : 4096;
+  if (c.sliding_window > 0) {
+    c.sliding_layers.assign(c.num_layers, false);
+    for (int64_t i = 0; i < c.num_layers; ++i) c.sliding_layers[i] = (i + 1) % arch.sliding_pattern != 0;
+    if (gemma3) c.local_rope_theta = f.has(k + "rope.freq_base_swa") ? f.get_float(k + "rope.freq_base_swa") : 10000.0;
   }
+  if (c.sliding_window >= c.max_position) c.sliding_window = 0;
   c.gelu_tanh = true;
   c.embedding_scale = std::sqrt(static_cast<double>(c.hidden_size));
-  const int64_t scale_dim = c.num_layers == 46 && c.num_heads > 0 ? c.hidden_size / c.num_heads : c.head_dim;
+  const bool is_27b = c.num_layers == (gemma3 ? 62 : 46);
+  const int64_t scale_dim = is_27b && c.num_heads > 0 ? c.hidden_size / c.num_heads : c.head_dim;
   c.attention_scale = scale_dim > 0 ? 1.0 / std::sqrt(static_cast<double>(scale_dim)) : 0.0;
 }
 
@@ -725,7 +729,7 @@ ModelConfig gguf_config(const GgufFile& f) {
   for (const char* name : {"rope_factors_long.weight", "rope_factors_short.weight"})
     if (f.contains(name)) fail(f.path(), std::string("tensor '") + name + "': longrope RoPE scaling is not supported");
   if (traits->gemma) {
-    read_gemma_metadata(f, k, c);
+    read_gemma_metadata(f, k, *traits, c);
   } else if (f.has(k + "attention.sliding_window")) {
     // A window on every layer is honoured by capping the context at it, as load_hf_config
     // does (llama.cpp itself runs Phi-3 without one).
@@ -737,7 +741,7 @@ ModelConfig gguf_config(const GgufFile& f) {
   if (f.has(k + "vocab_size")) c.vocab_size = f.get_int(k + "vocab_size");
   else if (embd.ne.size() == 2) c.vocab_size = embd.ne[1];
   // llama.cpp's Gemma 2 reads token_embd.weight as its output whatever else the file holds.
-  c.tie_embeddings = traits->gemma || !f.contains("output.weight");
+  c.tie_embeddings = traits->gguf_head_is_embedding || !f.contains("output.weight");
   if (f.has("tokenizer.ggml.bos_token_id")) c.bos_token_id = f.get_int("tokenizer.ggml.bos_token_id");
   if (f.has("tokenizer.ggml.eos_token_id")) c.eos_token_ids = {f.get_int("tokenizer.ggml.eos_token_id")};
   // Messages name the metadata key this file holds, not its config.json counterpart.

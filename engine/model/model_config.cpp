@@ -171,6 +171,7 @@ void ModelConfig::validate(const std::string& source,
       fail(source, key(hf_key) + " must be a finite number >= 0, got " + std::to_string(v));
   };
   non_negative(attention_scale, "query_pre_attn_scalar");
+  non_negative(local_rope_theta, "rope_local_base_freq");
   non_negative(attn_softcap, "attn_logit_softcapping");
   non_negative(final_softcap, "final_logit_softcapping");
   if (!(std::isfinite(embedding_scale) && embedding_scale > 0))
@@ -334,8 +335,9 @@ void read_gemma_attention(const json& j, const std::string& path, ModelConfig& c
   if (!(std::isfinite(scalar) && scalar > 0))
     fail(path, "'query_pre_attn_scalar' must be a finite positive number, got " + std::to_string(scalar));
   c.attention_scale = 1.0 / std::sqrt(scalar);
-  c.attn_softcap = get_nullable_number(j, "attn_logit_softcapping", 50.0, path);
-  c.final_softcap = get_nullable_number(j, "final_logit_softcapping", 30.0, path);
+  const Architecture& arch = architecture(c.architecture);
+  c.attn_softcap = get_nullable_number(j, "attn_logit_softcapping", arch.default_attn_softcap, path);
+  c.final_softcap = get_nullable_number(j, "final_logit_softcapping", arch.default_final_softcap, path);
   const auto window = j.find("sliding_window");
   c.sliding_window = window == j.end() ? 4096 : window->is_null() ? 0 : get_int(j, "sliding_window", path);
   c.sliding_layers.assign(c.num_layers, false);
@@ -353,12 +355,36 @@ void read_gemma_attention(const json& j, const std::string& path, ModelConfig& c
       c.sliding_layers[i] = name == "sliding_attention";
     }
   } else {
-    for (int64_t i = 0; i < c.num_layers; ++i) c.sliding_layers[i] = (i + 1) % 2 != 0;
+    const int64_t pattern = get_int(j, "sliding_window_pattern", get_int(j, "_sliding_window_pattern", arch.sliding_pattern, path), path);
+    if (pattern <= 0) fail(path, "'sliding_window_pattern' must be positive, got " + std::to_string(pattern));
+    for (int64_t i = 0; i < c.num_layers; ++i) c.sliding_layers[i] = (i + 1) % pattern != 0;
   }
-  if (c.sliding_window <= 0 || c.sliding_window >= c.max_position) {
-    c.sliding_window = 0;
-    c.sliding_layers.clear();
-  }
+  // The layers stay local (Gemma 3's RoPE base is theirs) even where no window masks.
+  if (c.sliding_window <= 0 || c.sliding_window >= c.max_position) c.sliding_window = 0;
+}
+
+// Gemma 3's RoPE: transformers 5 nests one rope_parameters object per layer type; the full
+// layers' is read as any model's, the sliding layers' must be plain RoPE and gives their
+// base. Earlier files give that base as rope_local_base_freq.
+void take_local_rope(json& j, const std::string& path, ModelConfig& c) {
+  c.local_rope_theta = get_number(j, "rope_local_base_freq", 10000.0, path);
+  const auto params = j.find("rope_parameters");
+  if (params == j.end() || !params->is_object() || !params->contains("sliding_attention")) return;
+  const std::string src = path + ": 'rope_parameters'";
+  for (const auto& [name, value] : params->items())
+    if (name != "full_attention" && name != "sliding_attention")
+      fail(path, "'rope_parameters': key '" + name + "' is not supported (full_attention, sliding_attention)");
+  const json local = (*params)["sliding_attention"];
+  if (!local.is_object()) wrong_type(path, "rope_parameters.sliding_attention", "an object", local);
+  for (const auto& [name, value] : local.items())
+    if (name != "rope_theta" && name != "rope_type")
+      fail(path, "'rope_parameters': 'sliding_attention': key '" + name + "' is not supported");
+  if (get_string(local, "rope_type", "default", src) != "default")
+    fail(path, "'rope_parameters': 'sliding_attention': rope_type '" + get_string(local, "rope_type", "", src) +
+                   "' is not supported (only default)");
+  c.local_rope_theta = get_number(local, "rope_theta", c.local_rope_theta, src);
+  const json full = params->contains("full_attention") ? (*params)["full_attention"] : json(nullptr);
+  j["rope_parameters"] = full;
 }
 
 // Which keys each layer attends to. kvpipe's layers all attend to every earlier key, so a
@@ -494,6 +520,7 @@ ModelConfig load_hf_config(const std::string& dir) {
     const std::string act = get_string(j, "hidden_act", "silu", path);
     if (act != "silu") fail(path, "unsupported 'hidden_act' '" + act + "' (only silu)");
   }
+  if (traits->local_rope) take_local_rope(j, path, c);
   refuse_partial_rotary(j, path);
   read_rope(j, path, c);
   read_attention_layers(j, path, c);

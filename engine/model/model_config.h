@@ -82,8 +82,11 @@ struct ModelConfig {
   double attention_scale = 0.0;
   double attn_softcap = 0.0;
   double final_softcap = 0.0;
-  int64_t sliding_window = 0;
-  std::vector<bool> sliding_layers;  // empty, or one per layer
+  int64_t sliding_window = 0;        // 0: no layer is windowed (also when the context fits in it)
+  std::vector<bool> sliding_layers;  // empty, or one per layer: the local (sliding) layers
+  // Gemma 3: the RoPE base of the local layers, which take no RoPE scaling (0: they rotate
+  // as the others do).
+  double local_rope_theta = 0.0;
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1;
 
@@ -104,10 +107,11 @@ struct ModelConfig {
   int64_t kv_bytes_per_token_layer(int64_t element_size) const {
     return 2 * num_kv_heads * head_dim * element_size;
   }
-  // The window of `layer` (0: it sees every earlier key).
-  int64_t layer_window(int64_t layer) const {
-    return layer < static_cast<int64_t>(sliding_layers.size()) && sliding_layers[layer] ? sliding_window : 0;
+  bool local_layer(int64_t layer) const {
+    return layer < static_cast<int64_t>(sliding_layers.size()) && sliding_layers[layer];
   }
+  // The window of `layer` (0: it sees every earlier key).
+  int64_t layer_window(int64_t layer) const { return local_layer(layer) ? sliding_window : 0; }
   // Whether some layer's attention is more than a causal softmax (soft-capped or windowed):
   // only the per-sequence attention path computes those.
   bool masked_or_capped_attention() const;

@@ -3,7 +3,8 @@
 tensor-name map, q/k rows permuted per head for the llama architecture (not for qwen2, qwen3
 and phi3, which llama.cpp rotates NeoX-style; Qwen3's q/k norms become attn_q_norm and
 attn_k_norm, Phi-3's fused qkv_proj and gate_up_proj become attn_qkv and ffn_up, Gemma 2's
-norms are stored as 1 + weight with its soft caps and window as metadata), the
+and Gemma 3's norms are stored as 1 + weight with their soft caps and windows as metadata),
+the
 embedding reused as the LM head when the model ties them, RoPE from `rope_parameters`
 (transformers 5) or `rope_theta` + `rope_scaling` (earlier), linear and yarn scaling as
 metadata (TextModel.set_gguf_parameters) and llama3 scaling as the rope_freqs.weight divisors
@@ -45,7 +46,8 @@ def main() -> int:
     hf_arch = cfg["architectures"][0]
     arch = {"LlamaForCausalLM": gguf.MODEL_ARCH.LLAMA, "MistralForCausalLM": gguf.MODEL_ARCH.LLAMA,
             "Qwen2ForCausalLM": gguf.MODEL_ARCH.QWEN2, "Qwen3ForCausalLM": gguf.MODEL_ARCH.QWEN3,
-            "Phi3ForCausalLM": gguf.MODEL_ARCH.PHI3, "Gemma2ForCausalLM": gguf.MODEL_ARCH.GEMMA2}[hf_arch]
+            "Phi3ForCausalLM": gguf.MODEL_ARCH.PHI3, "Gemma2ForCausalLM": gguf.MODEL_ARCH.GEMMA2,
+            "Gemma3ForCausalLM": gguf.MODEL_ARCH.GEMMA3}[hf_arch]
     n_head, n_layer = cfg["num_attention_heads"], cfg["num_hidden_layers"]
     n_kv = cfg.get("num_key_value_heads", n_head)
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // n_head
@@ -62,6 +64,9 @@ def main() -> int:
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    local_rope = None
+    if "sliding_attention" in rope:  # Gemma 3: one object per layer type
+        local_rope, rope = rope["sliding_attention"], rope.get("full_attention", {})
     theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     writer.add_rope_freq_base(theta)
@@ -74,6 +79,13 @@ def main() -> int:
             rope.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings",
                                                                  cfg["max_position_embeddings"])))
         writer.add_sliding_window(cfg.get("sliding_window") or 0)
+    if arch == gguf.MODEL_ARCH.GEMMA3:
+        # What convert_hf_to_gguf.py's Gemma3Model adds (no attention soft cap in Gemma 3), and
+        # the local layers' RoPE base, which llama.cpp otherwise takes as 10000.
+        if cfg.get("final_logit_softcapping"):
+            writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        writer.add_sliding_window(cfg["sliding_window"])
+        writer.add_rope_freq_base_swa((local_rope or {}).get("rope_theta", cfg.get("rope_local_base_freq", 10000.0)))
     if arch == gguf.MODEL_ARCH.GEMMA2:
         # What convert_hf_to_gguf.py's Gemma2Model adds; its norms are stored as 1 + weight.
         writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
@@ -134,7 +146,7 @@ def main() -> int:
         data = tensors[hf_name]
         if data.dtype not in (np.float32, np.float16):
             data = data.astype(np.float32)
-        if arch == gguf.MODEL_ARCH.GEMMA2 and hf_name.endswith("norm.weight"):
+        if arch in (gguf.MODEL_ARCH.GEMMA2, gguf.MODEL_ARCH.GEMMA3) and hf_name.endswith("norm.weight"):
             data = data.astype(np.float32) + 1
         if arch == gguf.MODEL_ARCH.GEMMA2 and hf_name == "lm_head.weight":
             print("gguf_from_hf: llama.cpp's Gemma 2 takes token_embd as its output: an untied lm_head "

@@ -3,14 +3,15 @@ save_pretrained, so that config.json is in the layout transformers writes today
 (`rope_parameters`), or, with --legacy, rewritten in the layout of transformers before 5
 (`rope_theta` and `rope_scaling` at the top level):
 
-    python tests/peer/hf_save_random.py --out DIR [--architecture llama|qwen3|phi3|gemma2]
+    python tests/peer/hf_save_random.py --out DIR [--architecture llama|qwen3|phi3|gemma2|gemma3]
         [--rope '{"rope_type": "llama3", ...}'] [--legacy] [--tie-embeddings]
 
 The model is small (vocabulary 512, hidden 128, 2 layers, 4 heads of 32, 2 KV heads; Qwen3's
 heads are 48 wide, unlike hidden / heads; Gemma 2's 4 layers alternate a sliding window of 8
 positions with full attention, its soft caps are small enough to bite on random weights, and
-its query_pre_attn_scalar is the head size, which is the scale llama.cpp takes for it) and its
-weights are drawn by transformers' own
+its query_pre_attn_scalar is the head size, which is the scale llama.cpp takes for it;
+Gemma 3's 6 layers are five sliding ones of 8 positions (RoPE base 10000) and a full one (base
+1000000, its default), and --rope does not apply to it) and its weights are drawn by transformers' own
 initialisation from --seed, in float32. transformers starts every norm at 1, where a norm
 weight read from the wrong tensor would go unnoticed; for the architectures other than
 Llama every norm weight is drawn as 1 + N(0, 0.1) instead.
@@ -24,7 +25,7 @@ import sys
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--architecture", choices=["llama", "qwen3", "phi3", "gemma2"], default="llama")
+    parser.add_argument("--architecture", choices=["llama", "qwen3", "phi3", "gemma2", "gemma3"], default="llama")
     parser.add_argument("--rope", default='{"rope_type": "default", "rope_theta": 10000.0}',
                         help="the rope_parameters object, as JSON")
     parser.add_argument("--tie-embeddings", action="store_true")
@@ -51,6 +52,11 @@ def main() -> int:
         config = transformers.Gemma2Config(head_dim=32, query_pre_attn_scalar=32, sliding_window=8,
                                            attn_logit_softcapping=2.0, final_logit_softcapping=3.0, **shape)
         model = transformers.Gemma2ForCausalLM(config)
+    elif args.architecture == "gemma3":
+        shape.update(num_hidden_layers=6, pad_token_id=0)
+        del shape["rope_parameters"]
+        config = transformers.Gemma3TextConfig(head_dim=32, query_pre_attn_scalar=32, sliding_window=8, **shape)
+        model = transformers.Gemma3ForCausalLM(config)
     else:
         config = transformers.Phi3Config(pad_token_id=0, original_max_position_embeddings=args.max_position, **shape)
         model = transformers.Phi3ForCausalLM(config)
@@ -60,7 +66,7 @@ def main() -> int:
             for name, p in model.named_parameters():
                 if "norm" in name:
                     # Gemma's norms multiply by 1 + weight, transformers starts them at 0.
-                    p.copy_((0 if args.architecture == "gemma2" else 1) + 0.1 * torch.randn_like(p))
+                    p.copy_((0 if args.architecture.startswith("gemma") else 1) + 0.1 * torch.randn_like(p))
     model.save_pretrained(args.out, safe_serialization=True)
     path = os.path.join(args.out, "config.json")
     with open(path) as f:

@@ -14,7 +14,9 @@
 // drawn away from 1, are checked the same way, their GGUF twins through llama.cpp too; so is
 // Gemma 2 (GeGLU, the four norms of (1 + weight), embeddings scaled by sqrt(hidden), soft-capped
 // attention and logits, sliding-window layers of 8 positions between full ones, over 48+24
-// positions, so that every decode step's local layers mask).
+// positions, so that every decode step's local layers mask), and Gemma 3 (Gemma 2's layer
+// without soft caps, with q/k norms, five sliding layers with a RoPE base of their own to one
+// full layer).
 #include "tests/support/command.h"
 #include "tests/support/logprob_compare.h"
 
@@ -227,6 +229,13 @@ TEST_F(TransformersParity, Gemma2SlidingWindowsAndSoftCaps) {
   // ggml-cpu/vec.h): llama.cpp itself is ~6e-4 from transformers' float64 on this model, so
   // kvpipe is held to 1e-4 against transformers and to 2e-3 against llama.cpp.
   check_all("gemma2", true, true, 2e-3);
+}
+
+TEST_F(TransformersParity, Gemma3LocalRopeAndQkNorms) {
+  save_with_transformers(R"("rope_type": "default", "rope_theta": 10000.0)", false,
+                         "--architecture gemma3 --tie-embeddings --seed 15");
+  // llama.cpp's float16 GELU table again (see Gemma 2): ~9e-4 from transformers itself.
+  check_all("gemma3", true, true, 2e-3);
 }
 
 }  // namespace

@@ -24,9 +24,9 @@ namespace {
 namespace fs = std::filesystem;
 
 // The shape keys of a small model; `arch` names the architecture.
-std::string shape(const std::string& arch) {
+std::string shape(const std::string& arch, int layers) {
   return R"("architectures": [")" + arch + R"("], "vocab_size": 300, "hidden_size": 64,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+    "num_hidden_layers": )" + std::to_string(layers) + R"(, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
     "max_position_embeddings": 256)";
 }
 
@@ -35,10 +35,10 @@ class Architectures : public ::testing::Test {
   void SetUp() override { dir_ = testing::make_scratch_dir(); }
   void TearDown() override { fs::remove_all(dir_); }
 
-  std::string config(const std::string& arch, const std::string& keys) {
+  std::string config(const std::string& arch, const std::string& keys, int layers = 2) {
     const fs::path d = dir_ / ("m" + std::to_string(count_++));
     fs::create_directories(d);
-    std::ofstream(d / "config.json") << "{" << shape(arch) << (keys.empty() ? "" : ", ") << keys << "}";
+    std::ofstream(d / "config.json") << "{" << shape(arch, layers) << (keys.empty() ? "" : ", ") << keys << "}";
     return d.string();
   }
   std::string refusal(const std::string& arch, const std::string& keys) {
@@ -113,6 +113,29 @@ TEST_F(Architectures, Gemma2AsTransformersSavesIt) {
   EXPECT_FALSE(e.masked_or_capped_attention());
 }
 
+TEST_F(Architectures, Gemma3AsTransformersSavesIt) {
+  const ModelConfig c = load_hf_config(config("Gemma3ForCausalLM", R"("head_dim": 32, "query_pre_attn_scalar": 32,
+      "sliding_window": 8, "attn_logit_softcapping": null, "final_logit_softcapping": null, "_sliding_window_pattern": 6,
+      "layer_types": ["sliding_attention", "full_attention"], "rope_parameters": {"full_attention": {"rope_theta": 1000000.0, "rope_type": "linear", "factor": 8.0},
+                          "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}})"));
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_TRUE(c.gelu_tanh);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1000000.0);
+  EXPECT_EQ(c.rope_scaling.type, "linear");  // the full layers' scaling
+  EXPECT_DOUBLE_EQ(c.local_rope_theta, 10000.0);
+  EXPECT_DOUBLE_EQ(c.attn_softcap, 0.0);
+  EXPECT_EQ(c.layer_window(0), 8);
+  EXPECT_EQ(c.layer_window(1), 0);
+  // Without layer_types the pattern decides: five sliding layers of every six.
+  const ModelConfig d = load_hf_config(
+      config("Gemma3ForCausalLM", R"("sliding_window": 8, "rope_local_base_freq": 20000.0, "rope_theta": 500000.0)", 7));
+  std::vector<int64_t> windows;
+  for (int64_t l = 0; l < d.num_layers; ++l) windows.push_back(d.layer_window(l));
+  EXPECT_EQ(windows, (std::vector<int64_t>{8, 8, 8, 8, 8, 0, 8}));
+  EXPECT_DOUBLE_EQ(d.local_rope_theta, 20000.0);
+  EXPECT_DOUBLE_EQ(d.rope_theta, 500000.0);
+}
+
 TEST_F(Architectures, WhatKvpipeDoesNotApplyIsRefusedByName) {
   EXPECT_NE(refusal("Qwen3ForCausalLM", R"("attention_bias": true)").find("'attention_bias: true'"),
             std::string::npos);
@@ -136,7 +159,15 @@ TEST_F(Architectures, WhatKvpipeDoesNotApplyIsRefusedByName) {
                   .find("type '" + type + "'"),
               std::string::npos);
   EXPECT_NE(refusal("Phi3ForCausalLM", R"("attention_bias": true)").find("'attention_bias'"), std::string::npos);
-  EXPECT_NE(refusal("Gemma3ForCausalLM", "").find("unsupported architecture 'Gemma3ForCausalLM'"),
+  EXPECT_NE(refusal("Gemma3ForConditionalGeneration", "").find("unsupported architecture 'Gemma3ForConditionalGeneration'"),
+            std::string::npos);
+  EXPECT_NE(refusal("Gemma3ForCausalLM", R"("rope_parameters": {"full_attention": {"rope_theta": 1000000.0,
+      "rope_type": "default"}, "sliding_attention": {"rope_theta": 10000.0, "rope_type": "linear", "factor": 2.0}})")
+                .find("'rope_parameters': 'sliding_attention': key 'factor'"),
+            std::string::npos);
+  EXPECT_NE(refusal("Gemma3ForCausalLM", R"("rope_parameters": {"full_attention": {"rope_theta": 1000000.0,
+      "rope_type": "longrope", "factor": 2.0}, "sliding_attention": {"rope_theta": 10000.0}})")
+                .find("type 'longrope'"),
             std::string::npos);
   EXPECT_NE(refusal("Gemma2ForCausalLM", R"("hidden_activation": "gelu")").find("'hidden_activation' 'gelu'"),
             std::string::npos);
@@ -176,7 +207,9 @@ TEST_F(Architectures, TensorLayoutIsTheOneTheHfFilesHold) {
     EXPECT_NE(std::find(gemma2.begin(), gemma2.end(), std::string("model.layers.0.") + norm + ".weight [256]"),
               gemma2.end())
         << norm;
-  EXPECT_THROW(names("Gemma3ForCausalLM"), std::invalid_argument);
+  const std::vector<std::string> gemma3 = names("Gemma3ForCausalLM");
+  EXPECT_NE(std::find(gemma3.begin(), gemma3.end(), "model.layers.0.self_attn.q_norm.weight [32]"), gemma3.end());
+  EXPECT_THROW(names("Gemma3ForConditionalGeneration"), std::invalid_argument);
 }
 
 }  // namespace
