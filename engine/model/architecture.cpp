@@ -29,6 +29,7 @@ const std::vector<Architecture>& table() {
     Architecture phi3 = entry("Phi3ForCausalLM", "phi3", "phi3");
     phi3.fused_qkv = true;
     phi3.fused_gate_up = true;
+    phi3.partial_rotary = true;
     Architecture gemma2 = entry("Gemma2ForCausalLM", "gemma2", "gemma2");
     gemma2.default_head_dim = 256;
     gemma2.norm_plus_one = true;

@@ -25,6 +25,9 @@ struct Architecture {
   // llama.cpp's `llama` architecture rotates adjacent pairs, so its converter permutes q/k
   // rows per head; the NeoX-style ones (qwen2, qwen3, phi3) keep HF's rotate-half rows.
   bool gguf_permuted_qk = false;
+  // transformers rotates only the first partial_rotary_factor of each head (Phi-3); the others
+  // build cos and sin over the whole head and cannot.
+  bool partial_rotary = false;
   // transformers' head_dim when config.json has none; 0: hidden_size / num_attention_heads.
   int64_t default_head_dim = 0;
   // Gemma: each norm multiplies by (1 + weight); HF stores the weight, llama.cpp's converter

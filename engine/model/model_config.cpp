@@ -18,10 +18,8 @@
 namespace kvpipe {
 
 bool supports_partial_rotary(const std::string& architecture) {
-  // transformers' Llama, Mistral and Qwen2 rotate every dimension of a head (their cos and
-  // sin must span it); the architectures that rotate a part name themselves here.
-  (void)architecture;
-  return false;
+  const Architecture* a = find_architecture(architecture);
+  return a != nullptr && a->partial_rotary;
 }
 
 namespace {
@@ -301,20 +299,6 @@ void read_rope(const json& j, const std::string& path, ModelConfig& c) {
 
 namespace {
 
-// partial_rotary_factor, at the top level or (as transformers 5 saves Phi-3) inside
-// rope_parameters: RoPE on only part of each head is not implemented yet, so anything but 1
-// is refused; a 1 is taken out of the RoPE object so that read_rope sees only its own keys.
-void refuse_partial_rotary(json& j, const std::string& path) {
-  if (get_number(j, "partial_rotary_factor", 1.0, path) != 1.0)
-    fail(path, "'partial_rotary_factor' other than 1 is not supported (RoPE on part of each head)");
-  const auto params = j.find("rope_parameters");
-  if (params == j.end() || !params->is_object()) return;
-  const std::string src = path + ": 'rope_parameters'";
-  if (get_number(*params, "partial_rotary_factor", 1.0, src) != 1.0)
-    fail(path, "'rope_parameters': key 'partial_rotary_factor' other than 1 is not supported (RoPE on part of each head)");
-  params->erase("partial_rotary_factor");
-}
-
 // A number that config.json may set to null to turn its feature off (Gemma's soft-capping):
 // absent is transformers' default, null is 0 (off).
 double get_nullable_number(const json& j, const std::string& key, double fallback, const std::string& src) {
@@ -521,7 +505,6 @@ ModelConfig load_hf_config(const std::string& dir) {
     if (act != "silu") fail(path, "unsupported 'hidden_act' '" + act + "' (only silu)");
   }
   if (traits->local_rope) take_local_rope(j, path, c);
-  refuse_partial_rotary(j, path);
   read_rope(j, path, c);
   read_attention_layers(j, path, c);
   if (const json* e = find(j, "eos_token_id")) {

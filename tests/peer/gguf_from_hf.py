@@ -62,7 +62,10 @@ def main() -> int:
     writer.add_head_count_kv(n_kv)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
+    rope_all = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    partial = rope_all.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    # convert_hf_to_gguf.py's Phi3MiniModel: n_rot = int(partial_rotary_factor * head_dim).
+    writer.add_rope_dimension_count(int(partial * head_dim))
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     local_rope = None
     if "sliding_attention" in rope:  # Gemma 3: one object per layer type
@@ -70,9 +73,6 @@ def main() -> int:
     theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     writer.add_rope_freq_base(theta)
-    if rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) != 1.0:
-        print("gguf_from_hf: partial rotary embedding is not written here", file=sys.stderr)
-        return 2
     if arch == gguf.MODEL_ARCH.PHI3:
         # What convert_hf_to_gguf.py's Phi3MiniModel adds (0: no window).
         writer.add_rope_scaling_orig_ctx_len(

@@ -217,6 +217,13 @@ TEST_F(TransformersParity, Qwen3Untied) {
   check_all("qwen3 untied", false);
 }
 
+TEST_F(TransformersParity, Phi3PartialRotary) {
+  // Half of each 32-wide head rotates (phi-4-mini's layout: partial_rotary_factor < 1).
+  save_with_transformers(R"("rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5)", false,
+                         "--architecture phi3 --seed 14");
+  check_all("phi3 partial rotary", true, true);
+}
+
 TEST_F(TransformersParity, Phi3FusedProjections) {
   save_with_transformers(R"("rope_type": "default", "rope_theta": 10000.0)", false, "--architecture phi3 --seed 13");
   check_all("phi3", true, true);

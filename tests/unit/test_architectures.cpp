@@ -146,11 +146,15 @@ TEST_F(Architectures, WhatKvpipeDoesNotApplyIsRefusedByName) {
                 .find("'layer_types': layer type string \"sliding_attention\""),
             std::string::npos);
   EXPECT_NE(refusal("Qwen3ForCausalLM", R"("hidden_act": "gelu")").find("'hidden_act' 'gelu'"), std::string::npos);
-  EXPECT_NE(refusal("Phi3ForCausalLM", R"("rope_parameters": {"partial_rotary_factor": 0.75, "rope_theta": 10000.0,
+  // Phi-3 rotates part of each head; Qwen3's transformers code rotates whole heads.
+  EXPECT_EQ(load_hf_config(config("Phi3ForCausalLM", R"("rope_parameters": {"partial_rotary_factor": 0.75,
+      "rope_theta": 10000.0, "rope_type": "default"})")).rotary_dim, 12);
+  EXPECT_EQ(load_hf_config(config("Phi3ForCausalLM", R"("partial_rotary_factor": 0.5)")).rope_dim(), 8);
+  EXPECT_NE(refusal("Qwen3ForCausalLM", R"("rope_parameters": {"partial_rotary_factor": 0.75, "rope_theta": 10000.0,
       "rope_type": "default"})")
-                .find("'rope_parameters': key 'partial_rotary_factor' other than 1"),
+                .find("'rope_parameters.partial_rotary_factor' other than 1 is not supported for Qwen3ForCausalLM"),
             std::string::npos);
-  EXPECT_NE(refusal("Phi3ForCausalLM", R"("partial_rotary_factor": 0.5)").find("'partial_rotary_factor'"),
+  EXPECT_NE(refusal("Phi3ForCausalLM", R"("partial_rotary_factor": 0.1)").find("'partial_rotary_factor' gives 1"),
             std::string::npos);
   // Phi-3's long-context scaling, under both of its names.
   for (const std::string type : {"longrope", "su"})
