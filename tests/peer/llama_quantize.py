@@ -1,7 +1,9 @@
 """Quantises a GGUF model with llama.cpp's own quantiser (llama_model_quantize, through
 llama-cpp-python), as the llama-quantize tool does:
 
-    python tests/peer/llama_quantize.py IN.gguf OUT.gguf Q4_K_M
+    python tests/peer/llama_quantize.py IN.gguf OUT.gguf Q4_K_M [--allow-requantize]
+
+--allow-requantize lets IN be a quantised file itself (llama-quantize's flag of that name).
 
 Types: the FTYPES below, llama.cpp's standard mixes (llama.h's LLAMA_FTYPE_MOSTLY_* ids) and
 TQ1_0, a ternary type kvpipe refuses. Exit 3 when llama-cpp-python is missing, 1 when
@@ -16,7 +18,8 @@ FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3
 
 
 def main() -> int:
-    if len(sys.argv) != 4 or sys.argv[3] not in FTYPES:
+    requantize = len(sys.argv) == 5 and sys.argv[4] == "--allow-requantize"
+    if len(sys.argv) not in (4, 5) or sys.argv[3] not in FTYPES or (len(sys.argv) == 5 and not requantize):
         print(f"usage: llama_quantize.py IN OUT {{{','.join(FTYPES)}}}", file=sys.stderr)
         return 2
     try:
@@ -26,6 +29,7 @@ def main() -> int:
         return 3
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = FTYPES[sys.argv[3]]
+    params.allow_requantize = requantize
     params.nthread = 1
     rc = llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(params))
     if rc != 0:

@@ -3,7 +3,8 @@
 // apply_chat_template renders from the file's template and llama.cpp tokenises; greedy
 // decoding from it gives llama.cpp's tokens for 64 steps (a different choice only at a
 // near-tie), on one rank and on two; and the "text" of the answer is llama.cpp's
-// detokenisation of those tokens.
+// detokenisation of those tokens. Re-quantised by llama.cpp's quantiser into Q4_K_M and
+// Q5_K_M (whose rows of 576 values take the fallback types Q5_0 and Q5_1), it still answers.
 #include "tests/support/command.h"
 #include "tests/support/logprob_compare.h"
 
@@ -111,6 +112,24 @@ TEST_F(SmolLm2Chat, GreedyAnswerMatchesLlamaCppOnOneAndTwoRanks) {
     ASSERT_TRUE(reference_ran(text, "llama.cpp detokenizer"));
     EXPECT_EQ(line.at("text"), nlohmann::json::parse(text.out)) << ranks << " rank(s)";
     if (ranks == 1) std::printf("[ answer ] %s\n", line.at("text").dump().c_str());
+  }
+}
+
+TEST_F(SmolLm2Chat, RequantisedToQ4_K_MAndQ5_K_MItStillAnswers) {
+  for (const std::string mix : {"Q4_K_M", "Q5_K_M"}) {
+    const fs::path file = dir_ / ("SmolLM2-135M-Instruct." + mix + ".gguf");
+    const CommandResult q = run_command(std::string(KVPIPE_PYTHON) + " " + KVPIPE_SOURCE_DIR +
+                                            "/tests/peer/llama_quantize.py " + model_.string() + " " + file.string() +
+                                            " " + mix + " --allow-requantize",
+                                        dir_);
+    ASSERT_TRUE(reference_ran(q, "llama.cpp quantiser")) << mix;
+    const CommandResult r = kvpipe("generate --config configs/smollm2.yaml --set model.path=" + file.string() + " " +
+                                   chat_flag() + " --max-new-tokens 24");
+    ASSERT_EQ(r.code, 0) << mix << "\n" << r.err;
+    const nlohmann::json line = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
+    const std::string text = line.at("text").get<std::string>();
+    std::printf("[ answer ] %s: %s\n", mix.c_str(), line.at("text").dump().c_str());
+    EXPECT_NE(text.find("Paris"), std::string::npos) << mix << ": " << text;
   }
 }
 
