@@ -418,20 +418,29 @@ at::Tensor GgufFile::load(const std::string& name) const {
   return out;
 }
 
-WeightMatrix GgufFile::load_matrix(const std::string& name) const {
+WeightMatrix GgufFile::load_matrix(const std::string& name, const MatrixSlice& slice) const {
   const GgufTensorInfo& t = tensor(name);
   const QuantType type = stored_type(t);
   if (t.ne.size() != 2) fail(path_, "tensor '" + name + "' is not a matrix");
   const int64_t cols = t.ne[0], rows = t.ne[1];
   void* src = const_cast<uint8_t*>(data_ + t.offset);
+  // A view of the mapping, narrowed to the slice, then copied: only the slice's bytes are read.
+  auto copy = [&](const at::Tensor& stored) {
+    try {
+      return slice_stored(stored, type, cols, slice).clone(at::MemoryFormat::Contiguous);
+    } catch (const std::invalid_argument& e) {
+      fail(path_, "tensor '" + name + "': " + e.what());
+    }
+  };
+  const int64_t slice_cols = slice.cols < 0 ? cols - slice.col_begin : slice.cols;
   switch (type) {
-    case QuantType::F32: return WeightMatrix::from_tensor(at::from_blob(src, {rows, cols}, at::kFloat).clone());
-    case QuantType::F16: return WeightMatrix::from_tensor(at::from_blob(src, {rows, cols}, at::kHalf).clone());
-    case QuantType::BF16: return WeightMatrix::from_tensor(at::from_blob(src, {rows, cols}, at::kBFloat16).clone());
+    case QuantType::F32: return WeightMatrix::from_tensor(copy(at::from_blob(src, {rows, cols}, at::kFloat)));
+    case QuantType::F16: return WeightMatrix::from_tensor(copy(at::from_blob(src, {rows, cols}, at::kHalf)));
+    case QuantType::BF16: return WeightMatrix::from_tensor(copy(at::from_blob(src, {rows, cols}, at::kBFloat16)));
     default: break;
   }
   const int64_t row_bytes = quant_row_bytes(type, cols);
-  return WeightMatrix::from_blocks(type, at::from_blob(src, {rows, row_bytes}, at::kByte).clone(), cols);
+  return WeightMatrix::from_blocks(type, copy(at::from_blob(src, {rows, row_bytes}, at::kByte)), slice_cols);
 }
 
 QuantType GgufFile::stored_type(const GgufTensorInfo& t) const {
@@ -801,16 +810,18 @@ void check_gguf_tensor(const GgufFile& file, const ModelConfig& cfg, const std::
 }
 
 WeightMatrix load_gguf_matrix(const GgufFile& file, const ModelConfig& cfg, const std::string& hf_name,
-                              const std::vector<int64_t>& expected) {
+                              const std::vector<int64_t>& expected, const MatrixSlice& slice) {
   const std::string name = checked_tensor_name(file, cfg, hf_name, expected);
-  WeightMatrix m = file.load_matrix(name);
+  WeightMatrix m = file.load_matrix(name, slice);
   if (architecture(cfg.architecture).gguf_permuted_qk) {
-    // Whole rows move, so the permutation applies to block rows as well as to float rows.
-    const int64_t heads = ends_with(name, "attn_q.weight") ? cfg.num_heads
-                          : ends_with(name, "attn_k.weight") ? cfg.num_kv_heads : 0;
-    if (heads > 0) {
+    // Whole rows move, so the permutation applies to block rows as well as to float rows; a
+    // slice of whole heads holds the same rows in both orders.
+    const bool q = ends_with(name, "attn_q.weight"), k = ends_with(name, "attn_k.weight");
+    if (q || k) {
+      if (slice.row_begin % cfg.head_dim != 0 || m.rows() % cfg.head_dim != 0)
+        throw std::logic_error("a slice of " + name + " that splits a head");
       const at::Tensor order = at::arange(m.rows(), at::kLong).view({m.rows(), 1});
-      return m.select_rows(gguf_unpermute_rows(order, heads).view(-1));
+      return m.select_rows(gguf_unpermute_rows(order, m.rows() / cfg.head_dim).view(-1));
     }
   }
   return m;

@@ -93,8 +93,9 @@ class GgufFile {
 
   // A float32 copy of the tensor, shaped as GgufTensorInfo::shape().
   at::Tensor load(const std::string& name) const;
-  // A 2-D tensor as stored: float rows as a float tensor, blocks as they are in the file.
-  WeightMatrix load_matrix(const std::string& name) const;
+  // A 2-D tensor as stored: float rows as a float tensor, blocks as they are in the file;
+  // with `slice`, only its rows and columns are read and copied (a tensor rank's share).
+  WeightMatrix load_matrix(const std::string& name, const MatrixSlice& slice = {}) const;
   // Refuses, as load and load_matrix would, a tensor of a type kvpipe cannot compute with.
   void check_loadable(const std::string& name) const { stored_type(tensor(name)); }
 
@@ -174,9 +175,10 @@ at::Tensor load_gguf_tensor(const GgufFile& file, const ModelConfig& cfg, const 
 void check_gguf_tensor(const GgufFile& file, const ModelConfig& cfg, const std::string& hf_name,
                        const std::vector<int64_t>& expected);
 
-// The HF matrix `hf_name` from `file` in its stored type, in HF row order.
+// The HF matrix `hf_name` from `file` in its stored type, in HF row order; `slice` in HF
+// coordinates (q/k rows of whole heads, whose rows GGUF permutes only inside each head).
 WeightMatrix load_gguf_matrix(const GgufFile& file, const ModelConfig& cfg, const std::string& hf_name,
-                              const std::vector<int64_t>& expected);
+                              const std::vector<int64_t>& expected, const MatrixSlice& slice = {});
 
 // Writes a model given as HF-named float tensors (hf_tensor_layout order) as one GGUF file
 // that llama.cpp loads: architecture metadata, then what `add_tokenizer` adds (the

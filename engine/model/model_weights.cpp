@@ -154,7 +154,12 @@ ModelConfig load_model_config(const std::string& path) {
 
 namespace {
 
-using MatrixSource = std::function<WeightMatrix(const std::string&, const std::vector<int64_t>&)>;
+// A matrix from its file: `name` of `shape`, read only as far as `slice` reaches.
+using MatrixSource =
+    std::function<WeightMatrix(const std::string&, const std::vector<int64_t>&, const MatrixSlice&)>;
+
+MatrixSlice row_slice(int64_t begin, int64_t rows) { return {begin, rows, 0, -1}; }
+MatrixSlice col_slice(int64_t begin, int64_t cols) { return {0, -1, begin, cols}; }
 
 ModelWeights build_weights(const ModelConfig& cfg, const WeightSelection& sel, at::ScalarType dtype,
                            at::Device device, const TensorSource& source, const MatrixSource& matrix_source) {
@@ -169,42 +174,58 @@ ModelWeights build_weights(const ModelConfig& cfg, const WeightSelection& sel, a
   // run converts float matrices to its dtype (LibTorch's 16-bit products), blocks stay
   // blocks. On a GPU each matrix becomes one dense dtype tensor there, one at a time, so the
   // host holds at most one dequantised matrix.
-  auto matrix = [&](const std::string& name, std::vector<int64_t> shape) {
-    WeightMatrix m = matrix_source(name, shape);
+  auto matrix = [&](const std::string& name, std::vector<int64_t> shape, const MatrixSlice& slice = {}) {
+    WeightMatrix m = matrix_source(name, shape, slice);
     if (!device.is_cpu()) return WeightMatrix::from_tensor(m.dequantize(dtype).to(device));
     return dtype == at::kFloat ? m : m.with_float_dtype(dtype);
   };
   const Architecture& arch = architecture(cfg.architecture);
-  const int64_t h = cfg.hidden_size, q = cfg.num_heads * cfg.head_dim,
-                kv = cfg.num_kv_heads * cfg.head_dim, ff = cfg.intermediate_size;
+  const TensorSplit split = sel.split.whole() ? whole_model_split(cfg) : sel.split;
+  const int64_t hd = cfg.head_dim;
+  const int64_t h = cfg.hidden_size, q = cfg.num_heads * hd, kv = cfg.num_kv_heads * hd, ff = cfg.intermediate_size;
+  // This rank's rows of q, k and v (whole heads) and of gate and up (whole units).
+  const int64_t q0 = split.first_head * hd, qn = split.heads * hd;
+  const int64_t kv0 = split.first_kv_head * hd, kvn = split.kv_heads * hd;
+  const int64_t f0 = split.ff_begin, fn = split.ff_units;
+  const MatrixSlice vocab = split.whole() ? MatrixSlice{} : row_slice(split.vocab_begin, split.vocab_rows);
+  auto part = [](const at::Tensor& t, int64_t begin, int64_t n) { return t.narrow(0, begin, n); };
   ModelWeights w;
   w.config = cfg;
   w.layers = sel.layers;
+  w.split = split;
   w.dtype = dtype;
   w.device = device;
   if (sel.embedding || (sel.head && cfg.tie_embeddings))
-    w.embedding = matrix("model.embed_tokens.weight", {cfg.vocab_size, h});
+    w.embedding = matrix("model.embed_tokens.weight", {cfg.vocab_size, h}, vocab);
   if (sel.head) {
     w.final_norm = get("model.norm.weight", {h});
-    w.lm_head = cfg.tie_embeddings ? w.embedding : matrix("lm_head.weight", {cfg.vocab_size, h});
+    w.lm_head = cfg.tie_embeddings ? w.embedding : matrix("lm_head.weight", {cfg.vocab_size, h}, vocab);
     if (!sel.embedding && cfg.tie_embeddings) w.embedding = WeightMatrix();
   }
   for (int64_t i = sel.layers.begin; i < sel.layers.end; ++i) {
     LayerWeights l;
     l.input_norm = get(layer_name(i, "input_layernorm.weight"), {h});
-    l.qkv = arch.fused_qkv ? matrix(layer_name(i, "self_attn.qkv_proj.weight"), {q + 2 * kv, h})
-                           : WeightMatrix::concat({matrix(layer_name(i, "self_attn.q_proj.weight"), {q, h}),
-                                                   matrix(layer_name(i, "self_attn.k_proj.weight"), {kv, h}),
-                                                   matrix(layer_name(i, "self_attn.v_proj.weight"), {kv, h})});
+    if (arch.fused_qkv) {
+      const std::string name = layer_name(i, "self_attn.qkv_proj.weight");
+      const std::vector<int64_t> shape = {q + 2 * kv, h};
+      l.qkv = split.whole() ? matrix(name, shape)
+                            : WeightMatrix::concat({matrix(name, shape, row_slice(q0, qn)),
+                                                    matrix(name, shape, row_slice(q + kv0, kvn)),
+                                                    matrix(name, shape, row_slice(q + kv + kv0, kvn))});
+    } else {
+      l.qkv = WeightMatrix::concat({matrix(layer_name(i, "self_attn.q_proj.weight"), {q, h}, row_slice(q0, qn)),
+                                    matrix(layer_name(i, "self_attn.k_proj.weight"), {kv, h}, row_slice(kv0, kvn)),
+                                    matrix(layer_name(i, "self_attn.v_proj.weight"), {kv, h}, row_slice(kv0, kvn))});
+    }
     if (cfg.qkv_bias)
-      l.qkv_bias = at::cat({get(layer_name(i, "self_attn.q_proj.bias"), {q}),
-                            get(layer_name(i, "self_attn.k_proj.bias"), {kv}),
-                            get(layer_name(i, "self_attn.v_proj.bias"), {kv})});
+      l.qkv_bias = at::cat({part(get(layer_name(i, "self_attn.q_proj.bias"), {q}), q0, qn),
+                            part(get(layer_name(i, "self_attn.k_proj.bias"), {kv}), kv0, kvn),
+                            part(get(layer_name(i, "self_attn.v_proj.bias"), {kv}), kv0, kvn)});
     if (cfg.qk_norm)
-      l.qk_norm = at::cat({get(layer_name(i, "self_attn.q_norm.weight"), {cfg.head_dim}).expand({cfg.num_heads, cfg.head_dim}),
-                           get(layer_name(i, "self_attn.k_norm.weight"), {cfg.head_dim})
-                               .expand({cfg.num_kv_heads, cfg.head_dim})});
-    l.o = matrix(layer_name(i, "self_attn.o_proj.weight"), {h, q});
+      l.qk_norm = at::cat({get(layer_name(i, "self_attn.q_norm.weight"), {hd}).expand({split.heads, hd}),
+                           get(layer_name(i, "self_attn.k_norm.weight"), {hd}).expand({split.kv_heads, hd})});
+    // Row-parallel: this rank's heads' columns; the ranks' outputs sum to the whole product.
+    l.o = matrix(layer_name(i, "self_attn.o_proj.weight"), {h, q}, split.whole() ? MatrixSlice{} : col_slice(q0, qn));
     if (arch.sandwich_norms) {
       // Gemma 2's post_attention_layernorm is on the attention's output, not before the MLP.
       l.attn_out_norm = get(layer_name(i, "post_attention_layernorm.weight"), {h});
@@ -213,11 +234,16 @@ ModelWeights build_weights(const ModelConfig& cfg, const WeightSelection& sel, a
     } else {
       l.post_norm = get(layer_name(i, "post_attention_layernorm.weight"), {h});
     }
-    l.gate_up = arch.fused_gate_up
-                    ? matrix(layer_name(i, "mlp.gate_up_proj.weight"), {2 * ff, h})
-                    : WeightMatrix::concat({matrix(layer_name(i, "mlp.gate_proj.weight"), {ff, h}),
-                                            matrix(layer_name(i, "mlp.up_proj.weight"), {ff, h})});
-    l.down = matrix(layer_name(i, "mlp.down_proj.weight"), {h, ff});
+    if (arch.fused_gate_up) {
+      const std::string name = layer_name(i, "mlp.gate_up_proj.weight");
+      l.gate_up = split.whole() ? matrix(name, {2 * ff, h})
+                                : WeightMatrix::concat({matrix(name, {2 * ff, h}, row_slice(f0, fn)),
+                                                        matrix(name, {2 * ff, h}, row_slice(ff + f0, fn))});
+    } else {
+      l.gate_up = WeightMatrix::concat({matrix(layer_name(i, "mlp.gate_proj.weight"), {ff, h}, row_slice(f0, fn)),
+                                        matrix(layer_name(i, "mlp.up_proj.weight"), {ff, h}, row_slice(f0, fn))});
+    }
+    l.down = matrix(layer_name(i, "mlp.down_proj.weight"), {h, ff}, split.whole() ? MatrixSlice{} : col_slice(f0, fn));
     w.layer.push_back(std::move(l));
   }
   return w;
@@ -231,8 +257,10 @@ ModelWeights random_weights(const ModelConfig& cfg, const WeightSelection& sel, 
     return random_tensor(name, shape, seed, std, device);
   };
   return build_weights(cfg, sel, dtype, device, source,
-                       [&](const std::string& name, const std::vector<int64_t>& shape) {
-                         return WeightMatrix::from_tensor(source(name, shape).to(dtype));
+                       [&](const std::string& name, const std::vector<int64_t>& shape, const MatrixSlice& slice) {
+                         const at::Tensor t = source(name, shape);
+                         return WeightMatrix::from_tensor(
+                             slice_stored(t, QuantType::F32, t.size(1), slice).to(dtype).contiguous());
                        });
 }
 
@@ -244,6 +272,7 @@ ModelWeights move_weights(const ModelWeights& from, at::Device device, at::Scala
   ModelWeights w;
   w.config = from.config;
   w.layers = from.layers;
+  w.split = from.split;
   w.dtype = dtype;
   w.device = device;
   w.embedding = matrix(from.embedding);
@@ -307,6 +336,22 @@ StoredWeightBytes stored_weight_bytes(const std::string& path, const ModelConfig
   return b;
 }
 
+SplitAlignment split_alignment(const std::string& path, const ModelConfig& cfg) {
+  SplitAlignment a;
+  if (!is_gguf_path(path)) return a;  // safetensors and dummy models hold float matrices
+  const GgufFile file(path);
+  for (int64_t i = 0; i < cfg.num_layers; ++i) {
+    for (const auto& [hf, cols] : {std::pair<std::string, int64_t*>{"self_attn.o_proj.weight", &a.o_cols},
+                                   std::pair<std::string, int64_t*>{"mlp.down_proj.weight", &a.down_cols}}) {
+      const std::string name = gguf_tensor_name(cfg, layer_name(i, hf));
+      if (!file.contains(name)) continue;  // check_model_tensors names what is missing
+      const std::optional<QuantType> type = quant_type_from_ggml(file.tensor(name).type);
+      if (type) *cols = std::max(*cols, quant_traits(*type).block_values);
+    }
+  }
+  return a;
+}
+
 namespace {
 
 void check_safetensors_shape(const SafetensorsModel& files, const std::string& path, const std::string& name,
@@ -348,8 +393,8 @@ ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,
         [file, cfg](const std::string& name, const std::vector<int64_t>& shape) {
           return load_gguf_tensor(*file, cfg, name, shape);
         },
-        [file, cfg](const std::string& name, const std::vector<int64_t>& shape) {
-          return load_gguf_matrix(*file, cfg, name, shape);
+        [file, cfg](const std::string& name, const std::vector<int64_t>& shape, const MatrixSlice& slice) {
+          return load_gguf_matrix(*file, cfg, name, shape, slice);
         });
   }
   auto files = std::make_shared<SafetensorsModel>(path);
@@ -365,11 +410,12 @@ ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,
         if (plus_one && is_norm(name)) return files->load(name, at::kFloat).add(1.0).to(dtype);
         return files->load(name, dtype);
       },
-      [files, check_shape, dtype](const std::string& name, const std::vector<int64_t>& shape) {
+      [files, check_shape, dtype](const std::string& name, const std::vector<int64_t>& shape,
+                                  const MatrixSlice& slice) {
         check_shape(name, shape);
         // float16/bfloat16 files stay 16-bit in a float32 run
         const at::ScalarType stored = files->stored_dtype(name);
-        return WeightMatrix::from_tensor(files->load(name, dtype == at::kFloat ? stored : dtype));
+        return WeightMatrix::from_tensor(files->load(name, dtype == at::kFloat ? stored : dtype, slice));
       });
 }
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include "engine/model/model_config.h"
+#include "engine/model/tensor_split.h"
 #include "engine/model/weight_matrix.h"
 
 #include <ATen/Tensor.h>
@@ -53,6 +54,10 @@ struct LayerWeights {
 struct ModelWeights {
   ModelConfig config;
   LayerRange layers;
+  // The heads, MLP units and vocabulary rows this rank holds (all of them on one rank); the
+  // layers' shapes below are those of the slice: q/k/v of split.heads and split.kv_heads,
+  // gate/up of split.ff_units, the embedding and LM head of split.vocab_rows.
+  TensorSplit split;
   at::ScalarType dtype = c10::ScalarType::Float;  // of activations, norms and the KV cache
   at::Device device = at::kCPU;                    // where every tensor of the shard lives
   WeightMatrix embedding;  // [vocab, hidden], defined on the first stage
@@ -67,6 +72,8 @@ struct WeightSelection {
   LayerRange layers;
   bool embedding = true;
   bool head = true;
+  // A tensor rank's slice (plan_tensor_split); size 1 (the default): the whole of each layer.
+  TensorSplit split;
 };
 
 // The HF tensor names of a model, in the order init-model writes them, with their shapes.
@@ -112,6 +119,10 @@ ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,
 // or dtype kvpipe cannot compute with (what `validate` checks before any rank loads). A
 // directory with config.json and no safetensors file is a shape to plan for: nothing to check.
 void check_model_tensors(const std::string& path, const ModelConfig& cfg);
+
+// The storage blocks the row-parallel matrices' input dimension is split on (o_proj and
+// down_proj of every layer, from the file's tensor index; 1 for float matrices).
+SplitAlignment split_alignment(const std::string& path, const ModelConfig& cfg);
 
 // What a stage's weights take in memory as loaded for a run in `dtype`: per decoder layer
 // (the mean over the model's layers: quantised files mix types per layer), the embedding

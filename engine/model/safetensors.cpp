@@ -311,7 +311,7 @@ at::ScalarType SafetensorsFile::loadable_dtype(const std::string& name) const {
   return *source;
 }
 
-at::Tensor SafetensorsFile::load(const std::string& name, at::ScalarType dtype) const {
+at::Tensor SafetensorsFile::load(const std::string& name, at::ScalarType dtype, const MatrixSlice& slice) const {
   const SafetensorsEntry& spec = entry(name);
   const at::ScalarType source = loadable_dtype(name);
   const auto target_options = at::TensorOptions().dtype(dtype);
@@ -327,6 +327,15 @@ at::Tensor SafetensorsFile::load(const std::string& name, at::ScalarType dtype) 
   } else {
     raw = at::empty(spec.shape, source_options);
     std::memcpy(raw.data_ptr(), bytes, spec.end - spec.begin);
+  }
+  if (!slice.whole()) {
+    if (raw.dim() != 2) fail(path_, tensor_label(name) + " is sliced but is not a matrix");
+    try {
+      raw = slice_stored(raw, quant_type_of(source), raw.size(1), slice);
+    } catch (const std::invalid_argument& e) {
+      fail(path_, tensor_label(name) + ": " + e.what());
+    }
+    return raw.to(dtype).clone(at::MemoryFormat::Contiguous);
   }
   // A from_blob tensor aliases the read-only mapping, so it must always be copied out; the
   // realigned buffer is already ours.
@@ -381,8 +390,8 @@ at::ScalarType SafetensorsModel::stored_dtype(const std::string& name) const {
 
 void SafetensorsModel::check_loadable(const std::string& name) const { file_of(name).loadable_dtype(name); }
 
-at::Tensor SafetensorsModel::load(const std::string& name, at::ScalarType dtype) const {
-  return file_of(name).load(name, dtype);
+at::Tensor SafetensorsModel::load(const std::string& name, at::ScalarType dtype, const MatrixSlice& slice) const {
+  return file_of(name).load(name, dtype, slice);
 }
 
 const SafetensorsFile& SafetensorsModel::file_of(const std::string& name) const {

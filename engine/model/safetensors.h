@@ -10,6 +10,8 @@
 // the tensor where there is one).
 #pragma once
 
+#include "engine/model/weight_matrix.h"
+
 #include <ATen/Tensor.h>
 
 #include <cstdint>
@@ -42,8 +44,9 @@ class SafetensorsFile {
   std::vector<std::string> names() const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
-  // A copy of the tensor converted to `dtype` (F32, F16 and BF16 are supported sources).
-  at::Tensor load(const std::string& name, at::ScalarType dtype) const;
+  // A copy of the tensor converted to `dtype` (F32, F16 and BF16 are supported sources);
+  // with `slice` (2-D tensors), a copy of its rows and columns only.
+  at::Tensor load(const std::string& name, at::ScalarType dtype, const MatrixSlice& slice = {}) const;
   // The source dtype load() converts from; refuses, as load() would, one it cannot load.
   at::ScalarType loadable_dtype(const std::string& name) const;
 
@@ -65,7 +68,7 @@ class SafetensorsModel {
   // The tensor's dtype in the file (F32, F16, BF16; float32 for a dtype load() refuses).
   at::ScalarType stored_dtype(const std::string& name) const;
   // Throws std::invalid_argument naming the tensor and the directory when it is missing.
-  at::Tensor load(const std::string& name, at::ScalarType dtype) const;
+  at::Tensor load(const std::string& name, at::ScalarType dtype, const MatrixSlice& slice = {}) const;
   // Refuses, as load would, a missing tensor or one of a dtype it cannot load; reads no data.
   void check_loadable(const std::string& name) const;
 

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace kvpipe {
@@ -172,6 +173,50 @@ WeightMatrix WeightMatrix::select_rows(const at::Tensor& perm) const {
   m.parts_[0].data = parts_[0].data.index_select(0, perm.to(at::kLong)).contiguous();
   m.parts_[0].rows = perm.numel();
   m.rows_ = perm.numel();
+  return m;
+}
+
+at::Tensor slice_stored(const at::Tensor& stored, QuantType type, int64_t cols, const MatrixSlice& s) {
+  const int64_t rows = stored.size(0);
+  const int64_t nrows = s.rows < 0 ? rows - s.row_begin : s.rows;
+  const int64_t ncols = s.cols < 0 ? cols - s.col_begin : s.cols;
+  if (s.row_begin < 0 || nrows < 0 || s.row_begin + nrows > rows || s.col_begin < 0 || ncols < 0 ||
+      s.col_begin + ncols > cols)
+    throw std::invalid_argument("slice rows [" + std::to_string(s.row_begin) + ", " + std::to_string(s.row_begin + nrows) +
+                                "), columns [" + std::to_string(s.col_begin) + ", " +
+                                std::to_string(s.col_begin + ncols) + ") of a [" + std::to_string(rows) + ", " +
+                                std::to_string(cols) + "] matrix");
+  at::Tensor view = stored.narrow(0, s.row_begin, nrows);
+  if (ncols == cols) return view;
+  if (is_float_type(type)) return view.narrow(1, s.col_begin, ncols);
+  const QuantTraits& q = quant_traits(type);
+  if (s.col_begin % q.block_values != 0 || ncols % q.block_values != 0)
+    throw std::invalid_argument("columns [" + std::to_string(s.col_begin) + ", " + std::to_string(s.col_begin + ncols) +
+                                ") do not fall on " + q.name + " blocks of " + std::to_string(q.block_values) +
+                                " values");
+  return view.narrow(1, s.col_begin / q.block_values * q.block_bytes, ncols / q.block_values * q.block_bytes);
+}
+
+WeightMatrix WeightMatrix::slice(const MatrixSlice& s) const {
+  if (s.whole()) return *this;
+  const int64_t nrows = s.rows < 0 ? rows_ - s.row_begin : s.rows;
+  const int64_t ncols = s.cols < 0 ? cols_ - s.col_begin : s.cols;
+  if (s.row_begin < 0 || nrows < 0 || s.row_begin + nrows > rows_)
+    throw std::invalid_argument("slice of rows [" + std::to_string(s.row_begin) + ", " +
+                                std::to_string(s.row_begin + nrows) + ") of " + std::to_string(rows_));
+  WeightMatrix m;
+  m.cols_ = ncols;
+  int64_t part_begin = 0;
+  for (const Part& p : parts_) {
+    const int64_t lo = std::max(s.row_begin, part_begin), hi = std::min(s.row_begin + nrows, part_begin + p.rows);
+    if (lo < hi) {
+      MatrixSlice local{lo - part_begin, hi - lo, s.col_begin, ncols};
+      const at::Tensor data = slice_stored(p.data, p.type, cols_, local).contiguous().clone();
+      m.parts_.push_back({p.type, data, hi - lo});
+      m.rows_ += hi - lo;
+    }
+    part_begin += p.rows;
+  }
   return m;
 }
 

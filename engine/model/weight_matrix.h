@@ -19,6 +19,19 @@
 
 namespace kvpipe {
 
+// Rows [row_begin, row_begin + rows) and columns [col_begin, col_begin + cols) of a matrix
+// (rows or cols -1: all of them): a tensor rank's slice (engine/model/tensor_split.h).
+struct MatrixSlice {
+  int64_t row_begin = 0, rows = -1;
+  int64_t col_begin = 0, cols = -1;
+  bool whole() const { return row_begin == 0 && rows < 0 && col_begin == 0 && cols < 0; }
+};
+
+// The slice of `stored` (float [rows, cols] or ggml block rows uint8 [rows, row bytes] of
+// `type` over `cols` values) as a view: no byte is copied. Columns must start and end on the
+// type's blocks (std::invalid_argument otherwise).
+at::Tensor slice_stored(const at::Tensor& stored, QuantType type, int64_t cols, const MatrixSlice& slice);
+
 class WeightMatrix {
  public:
   struct Part {
@@ -59,6 +72,8 @@ class WeightMatrix {
   // Rows `perm` of this matrix, in that order (GGUF's per-head q/k row permutation); only
   // for single-part matrices.
   WeightMatrix select_rows(const at::Tensor& perm) const;
+  // A copy of `slice` of this matrix (columns on block boundaries).
+  WeightMatrix slice(const MatrixSlice& slice) const;
   // Float parts converted to `dtype` (block parts stay as they are).
   WeightMatrix with_float_dtype(at::ScalarType dtype) const;
 

@@ -34,7 +34,7 @@ ModelConfig test_config() {
 
 ModelWeights test_weights(uint64_t seed = 21) {
   const ModelConfig c = test_config();
-  return random_weights(c, {{0, c.num_layers}, true, true}, seed, 0.1, at::kFloat);
+  return random_weights(c, {{0, c.num_layers}, true, true, {}}, seed, 0.1, at::kFloat);
 }
 
 std::vector<int64_t> tokens(int64_t len, int64_t salt) {

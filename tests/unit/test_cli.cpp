@@ -89,7 +89,7 @@ TEST_F(CliTest, InitModelRoundTripsThroughTheLoader) {
       EXPECT_TRUE(at::equal(files.load(name, at::kFloat), expected)) << dtype << " " << name;
     }
     // A stage loads only its layers.
-    const ModelWeights w = load_weights(m.string(), cfg, {{1, 2}, false, true}, at::kFloat);
+    const ModelWeights w = load_weights(m.string(), cfg, {{1, 2}, false, true, {}}, at::kFloat);
     EXPECT_EQ(w.layer.size(), 1u);
     EXPECT_FALSE(w.embedding.defined());
     EXPECT_TRUE(w.lm_head.defined());

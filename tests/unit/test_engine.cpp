@@ -38,7 +38,7 @@ ModelConfig small_config(int64_t heads, int64_t kv_heads, bool qkv_bias = false)
   return c;
 }
 
-WeightSelection whole(const ModelConfig& c) { return {{0, c.num_layers}, true, true}; }
+WeightSelection whole(const ModelConfig& c) { return {{0, c.num_layers}, true, true, {}}; }
 
 using kvpipe::testing::Generated;
 

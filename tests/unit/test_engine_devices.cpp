@@ -77,7 +77,7 @@ class DeviceRuns : public ::testing::TestWithParam<DeviceCase> {
     if (GetParam().device == at::kCUDA && !at::hasCUDA())
       GTEST_SKIP() << "no CUDA device: " << GetParam().name << " needs a GPU";
     cfg_ = device_config();
-    cpu_weights_ = random_weights(cfg_, {{0, cfg_.num_layers}, true, true}, 5, 0.1, at::kFloat);
+    cpu_weights_ = random_weights(cfg_, {{0, cfg_.num_layers}, true, true, {}}, 5, 0.1, at::kFloat);
   }
 
   ModelShard shard() const {
@@ -228,7 +228,7 @@ TEST(GpuBFloat16, LogProbsMatchCpuFloat32) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: BF16 on the GPU needs one";
   ModelConfig cfg = device_config();
   cfg.vocab_size = 512;
-  const ModelWeights cpu = random_weights(cfg, {{0, cfg.num_layers}, true, true}, 9, 0.02, at::kFloat);
+  const ModelWeights cpu = random_weights(cfg, {{0, cfg.num_layers}, true, true, {}}, 9, 0.02, at::kFloat);
   const ModelShard cpu_shard(cpu);
   const ModelShard gpu_shard(move_weights(cpu, at::Device(at::kCUDA, 0), at::kBFloat16));
   SchedulerOptions o;
@@ -253,7 +253,7 @@ TEST(DecodeGraphs, BucketsPadToPowersOfTwoThenMultiplesOfEight) {
   EXPECT_EQ(decode_graph_bucket(65, 64), 0);
   EXPECT_EQ(decode_graph_bucket(0, 64), 0);
   // Graphs are a GPU's: a shard on the CPU is refused.
-  const ModelShard cpu_shard(random_weights(device_config(), {{0, 2}, true, true}, 1, 0.1, at::kFloat));
+  const ModelShard cpu_shard(random_weights(device_config(), {{0, 2}, true, true, {}}, 1, 0.1, at::kFloat));
   BlockPool pool(cpu_shard.kv_shape(16), 4, at::kFloat, at::kCPU);
   EXPECT_THROW({ DecodeGraphs graphs(cpu_shard, pool, 8, 3); }, std::invalid_argument);
 }
@@ -263,7 +263,7 @@ TEST(DecodeGraphs, BucketsPadToPowersOfTwoThenMultiplesOfEight) {
 TEST(GpuDecodeGraphs, ReplayMatchesEagerSteps) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: CUDA graphs need a GPU";
   const ModelConfig cfg = device_config();
-  const ModelWeights cpu = random_weights(cfg, {{0, cfg.num_layers}, true, true}, 5, 0.1, at::kFloat);
+  const ModelWeights cpu = random_weights(cfg, {{0, cfg.num_layers}, true, true, {}}, 5, 0.1, at::kFloat);
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     const ModelShard shard(move_weights(cpu, at::Device(at::kCUDA, 0), dtype));
     std::vector<Request> requests;
@@ -303,7 +303,7 @@ TEST(GpuDecodeGraphs, ReplayMatchesEagerSteps) {
 TEST(GpuDecodeGraphs, SecondInstanceCapturesAfterTheFirstIsGone) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: CUDA graphs need a GPU";
   const ModelConfig cfg = device_config();
-  const ModelShard shard(move_weights(random_weights(cfg, {{0, cfg.num_layers}, true, true}, 5, 0.1, at::kFloat),
+  const ModelShard shard(move_weights(random_weights(cfg, {{0, cfg.num_layers}, true, true, {}}, 5, 0.1, at::kFloat),
                                       at::Device(at::kCUDA, 0), at::kBFloat16));
   SchedulerOptions o;
   o.block_size = 16;
@@ -388,7 +388,7 @@ TEST(AttentionBackend, PathFollowsDeviceStepAndPool) {
 // and a path that needs them refuses a context built without.
 TEST(AttentionBackend, KeyIndicesOnlyForThePathsThatReadThem) {
   const ModelConfig cfg = device_config();
-  ModelShard shard(random_weights(cfg, {{0, cfg.num_layers}, true, true}, 1, 0.1, at::kFloat));
+  ModelShard shard(random_weights(cfg, {{0, cfg.num_layers}, true, true, {}}, 1, 0.1, at::kFloat));
   const BlockPool pool(shard.kv_shape(16), 8, at::kFloat, at::kCPU);
   StepBatch decode, prefill;
   for (int64_t i = 0; i < 2; ++i) {

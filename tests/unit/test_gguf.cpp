@@ -131,7 +131,7 @@ TEST_F(GgufTest, WeightsMatchHfLayoutAfterUnpermutation) {
       ModelConfig c = small_config(arch);
       c.tie_embeddings = tie;
       const std::string file = write_model(c, "m.gguf");
-      const WeightSelection all{{0, c.num_layers}, true, true};
+      const WeightSelection all{{0, c.num_layers}, true, true, {}};
       const ModelWeights g = load_weights(file, load_model_config(file), all, at::kFloat);
       const ModelWeights h = random_weights(c, all, 5, 0.05, at::kFloat);
       EXPECT_TRUE(at::equal(g.embedding.dequantize(), h.embedding.dequantize()));
@@ -186,7 +186,7 @@ TEST_F(GgufTest, HalfPrecisionFilesHoldTheSameValuesAsHf) {
   for (const auto dtype : {at::kHalf, at::kBFloat16}) {
     const ModelConfig c = small_config();
     const std::string file = write_model(c, "m.gguf", 5, dtype);
-    const WeightSelection all{{0, c.num_layers}, true, true};
+    const WeightSelection all{{0, c.num_layers}, true, true, {}};
     const ModelWeights g = load_weights(file, c, all, at::kFloat);
     const ModelWeights h = random_weights(c, all, 5, 0.05, dtype);
     EXPECT_TRUE(at::equal(g.embedding.dequantize(), h.embedding.dequantize()));
@@ -209,7 +209,7 @@ TEST_F(GgufTest, InitModelGgufMatchesHf) {
   o.format = "gguf";
   o.out = path("sub/m.gguf");
   init_model(o);
-  const WeightSelection all{{0, o.config.num_layers}, true, true};
+  const WeightSelection all{{0, o.config.num_layers}, true, true, {}};
   const ModelWeights h = load_weights(path("hf"), load_model_config(path("hf")), all, at::kFloat);
   const ModelWeights g = load_weights(o.out, load_model_config(o.out), all, at::kFloat);
   EXPECT_TRUE(at::equal(g.embedding.dequantize(), h.embedding.dequantize()));
@@ -334,9 +334,9 @@ TEST_F(GgufTest, RankLoadsOnlyItsLayers) {
   const uint32_t i32 = 26;
   std::memcpy(&b[at + 4 + 2 * 8], &i32, 4);
   write_bytes("m.gguf", b);
-  const ModelWeights first = load_weights(path("m.gguf"), c, {{0, 2}, true, false}, at::kFloat);
+  const ModelWeights first = load_weights(path("m.gguf"), c, {{0, 2}, true, false, {}}, at::kFloat);
   EXPECT_EQ(first.layer.size(), 2u);
-  expect_invalid([&] { load_weights(path("m.gguf"), c, {{2, 3}, false, true}, at::kFloat); },
+  expect_invalid([&] { load_weights(path("m.gguf"), c, {{2, 3}, false, true, {}}, at::kFloat); },
                  {path("m.gguf"), "blk.2.ffn_down.weight", "I32"});
 }
 

@@ -113,7 +113,7 @@ ModelConfig tiny_config() {
   return c;
 }
 
-ModelWeights weights(const ModelConfig& c) { return random_weights(c, {{0, c.num_layers}, true, true}, 5, 0.1, at::kFloat); }
+ModelWeights weights(const ModelConfig& c) { return random_weights(c, {{0, c.num_layers}, true, true, {}}, 5, 0.1, at::kFloat); }
 
 // Token `id`'s embedding row set to `value`: a request that feeds that token gets non-finite
 // hidden states from there on, and no other request is touched.

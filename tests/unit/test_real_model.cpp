@@ -60,7 +60,7 @@ TEST_F(SmolLm2, HeaderMatchesTheModelCard) {
 TEST_F(SmolLm2, Q4_1FileRunsInItsStoredTypes) {
   const GgufFile f(path_);
   const ModelConfig c = gguf_config(f);
-  const ModelWeights w = load_weights(path_, c, {{0, c.num_layers}, true, true}, at::kFloat);
+  const ModelWeights w = load_weights(path_, c, {{0, c.num_layers}, true, true, {}}, at::kFloat);
   EXPECT_EQ(f.tensor("blk.0.ffn_gate.weight").type, 3u);  // ggml's Q4_1
   EXPECT_EQ(w.layer[0].gate_up.type_name(), "Q4_1");
   // Stored bytes, not float32: about 4.5 + 0.5 bits per weight for the Q4_1 matrices.
