@@ -72,7 +72,11 @@ StageResult run_stage(const ModelShard& shard, BlockPool& pool, const StepBatch&
                                                  : hidden.to(shard.device(), /*non_blocking=*/true);
   StageResult r;
   r.hidden = shard.forward(input, batch, ctx, pool);
-  if (shard.has_head()) r.output = sample_batch(batch, shard.logits(r.hidden.index_select(0, ctx.sample_rows)));
+  if (shard.has_head()) {
+    // Tensor ranks other than the leader get no logits: the leader samples the whole vocabulary.
+    const at::Tensor logits = shard.logits(r.hidden.index_select(0, ctx.sample_rows));
+    if (logits.defined()) r.output = sample_batch(batch, logits);
+  }
   return r;
 }
 

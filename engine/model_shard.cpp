@@ -8,9 +8,13 @@
 
 namespace kvpipe {
 
-ModelShard::ModelShard(ModelWeights weights, int64_t first_cached_layer)
-    : weights_(std::move(weights)), first_cached_layer_(first_cached_layer) {
+ModelShard::ModelShard(ModelWeights weights, int64_t first_cached_layer, TensorGroup* group)
+    : weights_(std::move(weights)), first_cached_layer_(first_cached_layer), group_(group) {
   const ModelConfig& c = weights_.config;
+  if (weights_.split.heads == 0) weights_.split = whole_model_split(c);  // weights made by hand
+  if (!weights_.split.whole() && (group_ == nullptr || group_->size() != weights_.split.size ||
+                                  group_->rank() != weights_.split.rank))
+    throw std::logic_error("a tensor rank's shard needs its tensor group");
   // In the compute dtype, as transformers casts cos and sin to the activations' dtype: a
   // float32 table would promote 16-bit queries and keys to float32.
   rope_ = make_rope_tables(c.max_position, rope_inv_freq(c), weights_.dtype, c.rope_scaling.attention_factor);
@@ -31,7 +35,7 @@ KvShape ModelShard::kv_shape(int64_t block_size, KvDtype dtype) const {
   KvShape s;
   s.num_layers = num_cached_layers();
   s.block_size = block_size;
-  s.num_kv_heads = weights_.config.num_kv_heads;
+  s.num_kv_heads = weights_.split.kv_heads;
   s.head_dim = weights_.config.head_dim;
   s.dtype = dtype;
   s.element_size = static_cast<int64_t>(c10::elementSize(kv_storage_scalar_type(dtype)));
@@ -51,8 +55,24 @@ bool ModelShard::step_reads_keys(const BlockPool& pool, const StepBatch& batch) 
   return num_cached_layers() > 0 && attention_reads_keys(attention_path_for(pool, batch));
 }
 
+at::Tensor ModelShard::reduced(at::Tensor partial) const {
+  if (group_ != nullptr && group_->size() > 1) group_->all_reduce_sum(partial);
+  return partial;
+}
+
 at::Tensor ModelShard::embed(const at::Tensor& token_ids) const {
-  const at::Tensor rows = weights_.embedding.gather_rows(token_ids, weights_.dtype);
+  at::Tensor rows;
+  const TensorSplit& s = weights_.split;
+  if (s.whole()) {
+    rows = weights_.embedding.gather_rows(token_ids, weights_.dtype);
+  } else {
+    // Each rank looks up the ids of its vocabulary rows (zeros for the others): the sum over
+    // the group is every id's row, exactly.
+    const at::Tensor local = token_ids.to(at::kLong) - s.vocab_begin;
+    const at::Tensor mine = (local >= 0) & (local < s.vocab_rows);
+    rows = weights_.embedding.gather_rows(local.clamp(0, s.vocab_rows - 1), weights_.dtype);
+    rows = reduced(rows * mine.to(rows.device()).unsqueeze(1).to(rows.scalar_type()));
+  }
   // Gemma: the scale rounded to the compute dtype first, as transformers multiplies by it.
   if (weights_.config.embedding_scale == 1.0) return rows;
   return rows * at::scalar_tensor(weights_.config.embedding_scale, rows.options());
@@ -72,15 +92,17 @@ std::array<at::Tensor, 3> ModelShard::project_qkv(const at::Tensor& x, int64_t l
   const LayerWeights& w = weights_.layer[local];
   const RopeTables& rope =
       local_rope_.cos.defined() && c.local_layer(weights_.layers.begin + local) ? local_rope_ : rope_;
-  const int64_t T = x.size(0), q_dim = c.num_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim;
+  // This rank's heads (all of them on one rank).
+  const int64_t heads = weights_.split.heads, kv_heads = weights_.split.kv_heads;
+  const int64_t T = x.size(0), q_dim = heads * c.head_dim, kv_dim = kv_heads * c.head_dim;
   const at::Tensor qkv = w.qkv.matmul(x, w.qkv_bias);
   // q and k heads are adjacent in the fused projection: normalise and rotate them in one pass.
-  const int64_t qk_heads = c.num_heads + c.num_kv_heads;
+  const int64_t qk_heads = heads + kv_heads;
   at::Tensor qk = qkv.narrow(1, 0, q_dim + kv_dim).view({T, qk_heads, c.head_dim});
   if (w.qk_norm.defined()) qk = rms_norm(qk, w.qk_norm, c.rms_eps);
   qk = apply_rope(qk, positions, rope);
-  return {qk.narrow(1, 0, c.num_heads), qk.narrow(1, c.num_heads, c.num_kv_heads),
-          qkv.narrow(1, q_dim + kv_dim, kv_dim).reshape({T, c.num_kv_heads, c.head_dim})};
+  return {qk.narrow(1, 0, heads), qk.narrow(1, heads, kv_heads),
+          qkv.narrow(1, q_dim + kv_dim, kv_dim).reshape({T, kv_heads, c.head_dim})};
 }
 
 at::Tensor ModelShard::attention_block(const at::Tensor& x, int64_t local, const StepBatch& batch,
@@ -99,10 +121,10 @@ at::Tensor ModelShard::attention_block(const at::Tensor& x, int64_t local, const
   ++attention_calls_[static_cast<size_t>(path)];
   switch (path) {
     case AttentionPath::kPagedDecode:
-      return w.o.matmul(paged_decode(q, pool, pool_layer, ctx, scale));
+      return reduced(w.o.matmul(paged_decode(q, pool, pool_layer, ctx, scale)));
     case AttentionPath::kVarlen:
-      return w.o.matmul(varlen_causal_attention(q, pool.gather_keys(pool_layer, ctx.key_slots),
-                                                pool.gather_values(pool_layer, ctx.key_slots), ctx, scale));
+      return reduced(w.o.matmul(varlen_causal_attention(q, pool.gather_keys(pool_layer, ctx.key_slots),
+                                                        pool.gather_values(pool_layer, ctx.key_slots), ctx, scale)));
     case AttentionPath::kPerSequence:
       break;
   }
@@ -120,12 +142,11 @@ at::Tensor ModelShard::attention_block(const at::Tensor& x, int64_t local, const
     start += n;
   }
   const at::Tensor attn = outs.size() == 1 ? outs[0] : at::cat(outs);
-  return w.o.matmul(attn);
+  return reduced(w.o.matmul(attn));
 }
 
 at::Tensor ModelShard::recompute_attention_block(const at::Tensor& x, int64_t local, const StepBatch& batch,
                                                  const StepContext& ctx) const {
-  const ModelConfig& c = weights_.config;
   const LayerWeights& w = weights_.layer[local];
   const auto [q, k, v] = project_qkv(x, local, ctx.full_positions);
   const double scale = attention_scale();
@@ -140,7 +161,7 @@ at::Tensor ModelShard::recompute_attention_block(const at::Tensor& x, int64_t lo
     start += total;
   }
   const at::Tensor attn = outs.size() == 1 ? outs[0] : at::cat(outs);
-  return w.o.matmul(attn);
+  return reduced(w.o.matmul(attn));
 }
 
 at::Tensor ModelShard::forward(at::Tensor hidden, const StepBatch& batch, const StepContext& ctx,
@@ -155,7 +176,7 @@ at::Tensor ModelShard::forward(at::Tensor hidden, const StepBatch& batch, const 
     if (w.attn_out_norm.defined()) attn = rms_norm(attn, w.attn_out_norm, eps);
     hidden = hidden + attn;
     const at::Tensor gate_up = w.gate_up.matmul(rms_norm(hidden, w.post_norm, eps));
-    at::Tensor mlp = w.down.matmul(weights_.config.gelu_tanh ? geglu(gate_up) : swiglu(gate_up));
+    at::Tensor mlp = reduced(w.down.matmul(weights_.config.gelu_tanh ? geglu(gate_up) : swiglu(gate_up)));
     if (w.mlp_out_norm.defined()) mlp = rms_norm(mlp, w.mlp_out_norm, eps);
     hidden = hidden + mlp;
     // Past the last layer without K/V only the new tokens' rows are needed.
@@ -168,7 +189,10 @@ at::Tensor ModelShard::logits(const at::Tensor& hidden) const {
   at::Tensor out = weights_.lm_head.matmul(rms_norm(hidden, weights_.final_norm, weights_.config.rms_eps));
   const double cap = weights_.config.final_softcap;
   if (cap > 0) out = out.div(cap).tanh_().mul_(cap);
-  return out.to(at::kFloat);
+  out = out.to(at::kFloat);
+  // Each rank's vocabulary slice, side by side on the leader in vocabulary order.
+  if (!weights_.split.whole()) return group_->gather_columns(out);
+  return out;
 }
 
 }  // namespace kvpipe

@@ -12,6 +12,13 @@
 //
 // The shard computes where its weights live (ModelWeights::device): the StepContext and the
 // pool must be on that device too.
+//
+// Tensor parallelism: with weights of one tensor rank's slice (ModelWeights::split) and the
+// stage's TensorGroup, the shard computes its heads and MLP units, all-reduces the output and
+// down projections' partial sums (twice per layer), looks up the embedding rows of its
+// vocabulary slice and all-reduces them, and gathers the LM head's slices on the group's
+// leader. Every rank of the group must run the same calls on the same batch. Its pool holds
+// K/V of its own KV heads.
 #pragma once
 
 #include "cache/block_pool.h"
@@ -19,6 +26,7 @@
 #include "engine/layers.h"
 #include "engine/model/model_weights.h"
 #include "engine/step_batch.h"
+#include "parallel/tensor_group.h"
 
 #include <ATen/Tensor.h>
 
@@ -29,11 +37,14 @@ namespace kvpipe {
 
 class ModelShard {
  public:
-  explicit ModelShard(ModelWeights weights, int64_t first_cached_layer = 0);
+  // `group` (not owned) is required when the weights are a tensor rank's slice.
+  explicit ModelShard(ModelWeights weights, int64_t first_cached_layer = 0, TensorGroup* group = nullptr);
 
   const ModelConfig& config() const { return weights_.config; }
   const LayerRange& layers() const { return weights_.layers; }
   const ModelWeights& weights() const { return weights_; }
+  const TensorSplit& split() const { return weights_.split; }
+  TensorGroup* tensor_group() const { return group_; }
   at::Device device() const { return weights_.device; }
   bool has_embedding() const { return weights_.embedding.defined(); }
   bool has_head() const { return weights_.lm_head.defined(); }
@@ -44,7 +55,8 @@ class ModelShard {
   // (whose layer 0 is the shard's first layer).
   at::Tensor forward(at::Tensor hidden, const StepBatch& batch, const StepContext& ctx,
                      BlockPool& pool) const;
-  // Final norm and LM head on hidden rows [S, hidden] -> float32 logits [S, vocab].
+  // Final norm and LM head on hidden rows [S, hidden] -> float32 logits [S, vocab]; with tensor
+  // ranks, the whole vocabulary's on the group's leader and undefined on the other ranks.
   at::Tensor logits(const at::Tensor& hidden) const;
 
   // The KV layout this shard needs for `block_size` (its cached layers only).
@@ -75,8 +87,12 @@ class ModelShard {
   at::Tensor recompute_attention_block(const at::Tensor& x, int64_t local_layer, const StepBatch& batch,
                                        const StepContext& ctx) const;
 
+  // Sums a row-parallel product's partial outputs over the tensor group (no-op on one rank).
+  at::Tensor reduced(at::Tensor partial) const;
+
   ModelWeights weights_;
   int64_t first_cached_layer_ = 0;
+  TensorGroup* group_ = nullptr;
   RopeTables rope_;
   RopeTables local_rope_;  // Gemma 3's local layers; undefined for other models
   std::optional<AttentionPath> attention_path_;

@@ -1,5 +1,6 @@
 // The NCCL backend: compiled only when CUDA and NCCL were found at configure time.
 #include "parallel/communicator.h"
+#include "parallel/tensor_group.h"
 
 #include <ATen/ATen.h>
 #include <mpi.h>
@@ -102,7 +103,46 @@ class NcclCommunicator : public Communicator {
   cudaStream_t comm_stream_ = nullptr;
 };
 
+// A tensor group's all-reduce on its ranks' GPUs: one NCCL communicator per group, its id
+// carried over the group's MPI communicator, reducing on the compute stream so that the next
+// layer's kernels queue behind it without the host waiting.
+class NcclReducer : public DeviceReducer {
+ public:
+  NcclReducer(const void* mpi_group_comm, int rank, int size) {
+    const MPI_Comm group = *static_cast<const MPI_Comm*>(mpi_group_comm);
+    ncclUniqueId id;
+    if (rank == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, group);
+    check_nccl(ncclCommInitRank(&comm_, size, id, rank), "ncclCommInitRank (tensor group)");
+  }
+  ~NcclReducer() override { ncclCommDestroy(comm_); }
+
+  void all_reduce_sum(at::Tensor& t) override {
+    at::Tensor c = t.is_contiguous() ? t : t.contiguous();
+    ncclDataType_t type = ncclFloat;
+    switch (c.scalar_type()) {
+      case at::kFloat: type = ncclFloat; break;
+      case at::kHalf: type = ncclHalf; break;
+      case at::kBFloat16: type = ncclBfloat16; break;
+      default: throw std::logic_error("NCCL all-reduce of an unsupported dtype");
+    }
+    check_nccl(ncclAllReduce(c.data_ptr(), c.data_ptr(), static_cast<size_t>(c.numel()), type, ncclSum, comm_,
+                             compute_stream()),
+               "ncclAllReduce");
+    if (!c.is_same(t)) t.copy_(c);
+  }
+
+ private:
+  ncclComm_t comm_ = nullptr;
+};
+
 }  // namespace
+
+std::unique_ptr<DeviceReducer> make_nccl_reducer(const void* mpi_group_comm, int rank, int size) {
+  const std::string why = cuda_unavailable_reason();
+  if (!why.empty()) throw std::invalid_argument("parallel.backend: nccl needs a CUDA GPU (" + why + ")");
+  return std::make_unique<NcclReducer>(mpi_group_comm, rank, size);
+}
 
 bool cuda_device_available() { return cuda_unavailable_reason().empty(); }
 
@@ -171,6 +211,10 @@ int64_t cuda_device_memory_bytes(int) { return 0; }
 std::string cuda_device_name(int) { return ""; }
 
 std::unique_ptr<Communicator> make_nccl_communicator(const World&) {
+  throw std::invalid_argument("parallel.backend: nccl is not available: kvpipe was built without CUDA/NCCL");
+}
+
+std::unique_ptr<DeviceReducer> make_nccl_reducer(const void*, int, int) {
   throw std::invalid_argument("parallel.backend: nccl is not available: kvpipe was built without CUDA/NCCL");
 }
 

@@ -129,20 +129,27 @@ RankTimes PipelineChannel::times() const {
   t.wait_s = wait_s_;
   t.comm_s = comm_s_;
   t.total_s = total_s_;
-  t.compute_s = std::max(0.0, total_s_ - wait_s_ - comm_s_);
+  t.all_reduce_s = group_.all_reduce_s;
+  t.all_reduce_calls = static_cast<double>(group_.all_reduce_calls);
+  t.group_s = group_.other_s;
+  t.compute_s = std::max(0.0, total_s_ - wait_s_ - comm_s_ - t.all_reduce_s - t.group_s);
   return t;
 }
 
 std::vector<RankTimes> PipelineChannel::gather_times() const {
   const RankTimes mine = times();
-  const double local[4] = {mine.wait_s, mine.comm_s, mine.compute_s, mine.total_s};
-  std::vector<double> all(4 * world_.size());
-  MPI_Gather(local, 4, MPI_DOUBLE, all.data(), 4, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  constexpr int kWords = 7;
+  const double local[kWords] = {mine.wait_s,       mine.comm_s,           mine.compute_s, mine.total_s,
+                                mine.all_reduce_s, mine.all_reduce_calls, mine.group_s};
+  std::vector<double> all(kWords * world_.size());
+  MPI_Gather(local, kWords, MPI_DOUBLE, all.data(), kWords, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   std::vector<RankTimes> out;
   if (world_.rank() != 0) return out;
   for (int r = 0; r < world_.size(); ++r) {
+    const double* a = all.data() + kWords * r;
     RankTimes t;
-    t.wait_s = all[4 * r], t.comm_s = all[4 * r + 1], t.compute_s = all[4 * r + 2], t.total_s = all[4 * r + 3];
+    t.wait_s = a[0], t.comm_s = a[1], t.compute_s = a[2], t.total_s = a[3];
+    t.all_reduce_s = a[4], t.all_reduce_calls = a[5], t.group_s = a[6];
     out.push_back(t);
   }
   return out;

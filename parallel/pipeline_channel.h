@@ -29,11 +29,24 @@ struct Message {
   at::Tensor tensor;  // undefined when the sender sent none
 };
 
+// A tensor group's collectives on this rank (parallel/tensor_group.h).
+struct GroupTimes {
+  int64_t all_reduce_calls = 0;
+  double all_reduce_s = 0;
+  int64_t other_calls = 0;  // the leader's broadcasts of each step and gathers of the logits
+  double other_s = 0;
+};
+
 struct RankTimes {
   double wait_s = 0;     // blocked until a message arrived
   double comm_s = 0;     // moving tensors and completing sends
   double compute_s = 0;  // the rest of the time between start() and stop()
   double total_s = 0;
+  // Tensor ranks: in all-reduces (waiting for the slowest rank of the group included), and in
+  // the group's broadcasts and gathers (where a rank waits for its leader's next step).
+  double all_reduce_s = 0;
+  double all_reduce_calls = 0;
+  double group_s = 0;
 };
 
 class PipelineChannel {
@@ -53,6 +66,8 @@ class PipelineChannel {
   void start_on_first_message();
   void stop();
   RankTimes times() const;
+  // The rank's tensor-group time, taken out of compute (call before times()).
+  void set_group_times(const GroupTimes& g) { group_ = g; }
   // Gathers every rank's times on rank 0 (collective: every rank calls it).
   std::vector<RankTimes> gather_times() const;
 
@@ -78,6 +93,7 @@ class PipelineChannel {
   Clock::time_point started_{};
   bool start_pending_ = false;
   double wait_s_ = 0, comm_s_ = 0, total_s_ = 0;
+  GroupTimes group_;
   TraceRecorder* trace_ = nullptr;
 };
 
