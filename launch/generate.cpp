@@ -270,6 +270,10 @@ void generate(const GenerateOptions& o, World& world) {
     log_printf(LogLevel::kInfo, "rank %zu: busy %.1f%%, wait %.1f%%, comm %.1f%% of %.3f s (%s)", r,
                100.0 * t.compute_s / total, 100.0 * t.wait_s / total, 100.0 * t.comm_s / total, t.total_s,
                outcome.backend.c_str());
+    if (t.all_reduce_calls > 0)
+      log_printf(LogLevel::kInfo, "rank %zu: all-reduce %.0f calls, %.1f us per call, %.1f%% of the run; "
+                 "tensor group broadcasts and gathers %.1f%%", r, t.all_reduce_calls,
+                 1e6 * t.all_reduce_s / t.all_reduce_calls, 100.0 * t.all_reduce_s / total, 100.0 * t.group_s / total);
   }
   // Every other result is out: now the failed requests fail the command.
   if (outputs && !outputs->failures.empty()) {

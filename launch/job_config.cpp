@@ -418,7 +418,8 @@ class Validator {
   }
 
   std::vector<Field> parallel_fields(ParallelSection& p) {
-    return {{"layers", layer_list(&p.layers)},
+    return {{"tensor", integer(&p.tensor, 1, kMaxRanksPerNode)},
+            {"layers", layer_list(&p.layers)},
             {"micro_batches", integer(&p.micro_batches, 1, kMaxMicroBatches, "auto", 0)},
             {"backend", choice(&p.backend, {"auto", "mpi", "nccl"})},
             {"timeout", real(&p.timeout_s, 0.0, false, kInfinity, false)}};
@@ -1204,9 +1205,19 @@ std::vector<ConfigProblem> check_job_for_ranks(const JobConfig& job, int ranks) 
     add("cache.memory", "lists " + std::to_string(memory.per_rank.size()) + " sizes for " + rank_text +
                             " (one size per rank, or a single size for all)");
   }
-  if (!job.parallel.layers.empty() && static_cast<int>(job.parallel.layers.size()) != ranks) {
+  const int tensor = job.parallel.tensor;
+  if (ranks % tensor != 0) {
+    add("parallel.tensor", std::to_string(tensor) + " does not divide the job's " + rank_text +
+                               " (ranks = stages x parallel.tensor)");
+    return problems;
+  }
+  const int stages = ranks / tensor;
+  const std::string stage_text = std::to_string(stages) + " stage" + (stages == 1 ? "" : "s");
+  if (!job.parallel.layers.empty() && static_cast<int>(job.parallel.layers.size()) != stages) {
     add("parallel.layers", "pins " + std::to_string(job.parallel.layers.size()) + " stages for " +
-                               rank_text + " (one entry per rank, or auto)");
+                               (tensor == 1 ? rank_text + " (one entry per rank, or auto)"
+                                            : stage_text + " (" + rank_text + " / parallel.tensor " +
+                                                  std::to_string(tensor) + "; one entry per stage, or auto)"));
   }
   return problems;
 }

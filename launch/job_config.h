@@ -48,7 +48,8 @@ struct RuntimeSection {
 };
 
 struct ParallelSection {
-  std::vector<int> layers;          // empty = auto
+  int tensor = 1;                   // tensor ranks per pipeline stage (ranks = stages x tensor)
+  std::vector<int> layers;          // empty = auto; one entry per stage
   int micro_batches = 0;            // 0 = auto (number of stages)
   std::string backend = "auto";     // auto | mpi | nccl
   double timeout_s = 300.0;         // silence (s) after which every rank stops; 0 = never

@@ -171,6 +171,26 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
   } catch (const std::invalid_argument& e) {
     refuse_model(job, e);
   }
+  // The grid and the tensor ranks' split of every layer, from the model's shape and the
+  // storage blocks of its row-parallel matrices.
+  {
+    auto refuse_split = [&](const std::invalid_argument& e) {
+      std::string message = e.what();
+      const std::string key = "parallel.tensor: ";
+      if (message.rfind(key, 0) == 0) message = message.substr(key.size());
+      throw std::invalid_argument(at_key(job, "parallel.tensor") + ": " + message);
+    };
+    try {
+      plan.grid = ProcessGrid::make(world_size, job.parallel.tensor);
+      const SplitAlignment align = split_alignment(job.model.path, plan.model);
+      plan.tensor_splits.clear();
+      for (int t = 0; t < plan.grid.tensor; ++t)
+        plan.tensor_splits.push_back(plan_tensor_split(plan.model, plan.grid.tensor, t, align));
+    } catch (const std::invalid_argument& e) {
+      refuse_split(e);
+    }
+  }
+  const int tensor = plan.grid.tensor, stages = plan.grid.stages();
   plan.device_type = resolve_device_type(job);
   plan.device_memory_bytes = plan.device_type == at::kCUDA ? gpu_memory_per_rank(job) : host_memory_bytes();
   // A GPU job planned where there is no GPU (validate on a login node) needs a size.
@@ -219,17 +239,21 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
   }
 
   StageCost cost;
-  // What the weights take as stored (quantised files: their blocks), read from the file's index.
+  // What the weights take as stored (quantised files: their blocks), read from the file's index;
+  // a tensor rank holds 1 / T of every matrix and the whole of every norm.
   plan.weight_bytes = stored_weight_bytes(job.model.path, m, plan.dtype, plan.device_type != at::kCPU);
-  cost.layer_weight_bytes = plan.weight_bytes.per_layer;
-  cost.first_extra_bytes = plan.weight_bytes.embedding;
-  cost.last_extra_bytes = plan.weight_bytes.head;
+  const int64_t norm_bytes = 4 * m.hidden_size * static_cast<int64_t>(c10::elementSize(plan.dtype));
+  auto per_rank = [&](int64_t bytes) { return tensor == 1 ? bytes : (bytes + tensor - 1) / tensor + norm_bytes; };
+  cost.layer_weight_bytes = per_rank(plan.weight_bytes.per_layer);
+  cost.first_extra_bytes = per_rank(plan.weight_bytes.embedding);
+  cost.last_extra_bytes = per_rank(plan.weight_bytes.head);
   const std::string kv_name = job.cache.dtype == "auto" ? dtype_name(plan.dtype) : job.cache.dtype;
   plan.kv_dtype = parse_kv_dtype(kv_name, where("cache.dtype") + ": cache.dtype");
   if (plan.kv_dtype == KvDtype::kQ8_0 && m.head_dim % 32 != 0)
     throw std::invalid_argument(where("cache.dtype") + ": cache.dtype: q8_0 needs a head dimension that is a "
                                 "multiple of 32 (the model's is " + std::to_string(m.head_dim) + ")");
-  plan.kv_bytes_per_token_layer = 2 * m.num_kv_heads * kv_row_bytes(plan.kv_dtype, m.head_dim);
+  // Each rank caches its own KV heads (a replicated head counts on every rank that holds it).
+  plan.kv_bytes_per_token_layer = 2 * plan.tensor_splits[0].kv_heads * kv_row_bytes(plan.kv_dtype, m.head_dim);
   cost.kv_bytes_per_block_layer = plan.kv_bytes_per_token_layer * job.cache.block_size;
   // Layer-level reuse: only the last cached_layers layers keep K/V.
   if (job.cache.cached_layers > m.num_layers)
@@ -248,18 +272,22 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
                                 std::to_string(m.max_position) + " tokens");
 
   throw_if_problems(check_job_for_ranks(job, world_size));
-  std::vector<RankBudget> budgets(world_size);
+  // One budget per stage: its ranks hold the same layers and as many KV heads each, so the
+  // smallest of their budgets is the stage's.
+  std::vector<RankBudget> budgets(stages);
   const MemorySpec& mem = job.cache.memory;
-  for (int r = 0; r < world_size; ++r) {
-    RankBudget& b = budgets[r];
+  for (int st = 0; st < stages; ++st) {
+    RankBudget& b = budgets[st];
     switch (mem.kind) {
       case MemorySpec::Kind::kBytes: b.kv_bytes = mem.bytes; break;
-      case MemorySpec::Kind::kPerRank: b.kv_bytes = mem.per_rank[r]; break;
+      case MemorySpec::Kind::kPerRank:
+        b.kv_bytes = *std::min_element(mem.per_rank.begin() + st * tensor, mem.per_rank.begin() + (st + 1) * tensor);
+        break;
       case MemorySpec::Kind::kShare:
         // The share is of what is left after the weights and a step's working memory.
         b.share_of_memory = true;
         b.share = mem.share;
-        b.memory_bytes = static_cast<int64_t>(double(memory_limit) - overhead.total(r + 1 == world_size));
+        b.memory_bytes = static_cast<int64_t>(double(memory_limit) - overhead.total(st + 1 == stages));
         break;
     }
   }
@@ -278,7 +306,7 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
     // No rank keeps K/V: blocks are only the scheduler's accounting, enough for every
     // sequence that can run at once to reach the full context.
     const double blocks = double((m.max_position + plan.block_size - 1) / plan.block_size) *
-                          double(job.scheduler.max_batch) * double(std::max(world_size, job.parallel.micro_batches));
+                          double(job.scheduler.max_batch) * double(std::max(stages, job.parallel.micro_batches));
     plan.partition.num_blocks = static_cast<int64_t>(std::min(blocks, double(kMaxBlocks)));
   } else if (plan.partition.num_blocks > kMaxBlocks) {
     throw std::invalid_argument(at_key(job, "cache.memory") + ": holds " +
@@ -302,7 +330,8 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
     const double need = double(s.weight_bytes) + kv + other;
     if (need > double(memory_limit))
       throw std::invalid_argument(
-          at_key(job, "cache.memory") + ": rank " + std::to_string(r) + " would need " + gib(need) +
+          at_key(job, "cache.memory") + ": " + (tensor == 1 ? "rank " : "stage ") + std::to_string(r) +
+          " would need " + gib(need) +
           " (weights " + gib(double(s.weight_bytes)) + ", KV cache " + gib(kv) +
           ", RoPE tables, activations and accounting " + gib(other) + "), more than " + limit_text +
           ": lower cache.memory (or scheduler.max_tokens_per_step), or raise runtime.memory");
@@ -369,8 +398,11 @@ std::string mib(int64_t bytes) {
 
 void print_plan(std::ostream& out, const JobPlan& plan) {
   const auto& stages = plan.partition.stages;
+  const int tensor = plan.grid.tensor;
   const int64_t kv_per_block_layer = plan.kv_bytes_per_token_layer * plan.block_size;
-  out << "plan: " << stages.size() << " rank(s), " << plan.model.num_layers << " layers, split [";
+  out << "plan: " << plan.grid.world_size << " rank(s)";
+  if (tensor > 1) out << " = " << stages.size() << " stage(s) x " << tensor << " tensor ranks";
+  out << ", " << plan.model.num_layers << " layers, split [";
   for (size_t r = 0; r < stages.size(); ++r) out << (r ? ", " : "") << stages[r].num_layers;
   out << "], " << plan.partition.num_blocks << " blocks of " << plan.block_size << " tokens ("
       << plan.partition.num_blocks * plan.block_size << " tokens)\n";
@@ -386,9 +418,17 @@ void print_plan(std::ostream& out, const JobPlan& plan) {
   out << "plan: device " << (plan.device_type == at::kCUDA ? "cuda" : "cpu") << ", dtype "
       << dtype_name(plan.dtype) << ", " << gib(double(plan.device_memory_bytes))
       << (plan.device_type == at::kCUDA ? " of GPU memory per rank\n" : " of host memory\n");
-  for (size_t r = 0; r < stages.size(); ++r) {
-    const StagePlan& s = stages[r];
-    out << "plan: rank " << r << " layers " << s.first_layer << ".." << s.first_layer + s.num_layers - 1
+  for (int r = 0; r < plan.grid.world_size; ++r) {
+    const StagePlan& s = stages[plan.grid.stage_of(r)];
+    out << "plan: rank " << r;
+    if (tensor > 1) {
+      const TensorSplit& t = plan.tensor_splits[plan.grid.tensor_rank_of(r)];
+      out << " (stage " << plan.grid.stage_of(r) << ", tensor rank " << t.rank << ": heads " << t.first_head << ".."
+          << t.first_head + t.heads - 1 << ", KV heads " << t.first_kv_head << ".." << t.first_kv_head + t.kv_heads - 1
+          << ", MLP units " << t.ff_begin << ".." << t.ff_begin + t.ff_units - 1 << ", vocabulary " << t.vocab_begin
+          << ".." << t.vocab_begin + t.vocab_rows - 1 << ")";
+    }
+    out << " layers " << s.first_layer << ".." << s.first_layer + s.num_layers - 1
         << ", weights " << mib(s.weight_bytes) << ", KV "
         << mib(plan.partition.num_blocks * s.cached_layers * kv_per_block_layer) << " for "
         << s.cached_layers << " cached layer(s) (budget " << mib(s.kv_budget_bytes) << "), "

@@ -13,7 +13,9 @@
 #include "engine/model/model_config.h"
 #include "engine/model/model_weights.h"
 #include "launch/job_config.h"
+#include "engine/model/tensor_split.h"
 #include "parallel/partitioner.h"
+#include "parallel/process_grid.h"
 
 #include <ATen/core/ScalarType.h>
 #include <c10/core/DeviceType.h>
@@ -27,6 +29,8 @@ namespace kvpipe {
 
 struct JobPlan {
   ModelConfig model;
+  ProcessGrid grid;  // stages x tensor ranks (parallel.tensor)
+  std::vector<TensorSplit> tensor_splits;  // one per tensor rank, the same in every stage
   // runtime.device as resolved: auto is CUDA when this process sees a GPU, else the CPU.
   at::DeviceType device_type = at::kCPU;
   // What runtime.memory: auto and its shares refer to: the host's memory, or on a GPU that
@@ -34,9 +38,9 @@ struct JobPlan {
   int64_t device_memory_bytes = 0;
   at::ScalarType dtype = at::kFloat;  // model.dtype as resolved (auto: bfloat16 on a GPU)
   KvDtype kv_dtype = KvDtype::kFloat32;  // cache.dtype as resolved (auto: the compute dtype)
-  int64_t kv_bytes_per_token_layer = 0;  // K and V of one token in one layer, as stored
+  int64_t kv_bytes_per_token_layer = 0;  // K and V of one token in one layer on one rank, as stored
   StoredWeightBytes weight_bytes;        // the weights as loaded, from the file's index
-  PartitionPlan partition;
+  PartitionPlan partition;  // one StagePlan per stage (stage_of(rank) indexes it)
   int64_t block_size = 16;
   int64_t first_cached_layer = 0;  // layers before it keep no K/V (cache.cached_layers)
   // Prompt + output tokens of the longest request one sequence's KV blocks can hold in the

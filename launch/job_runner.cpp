@@ -11,6 +11,7 @@
 #include "launch/device_plan.h"
 #include "launch/log.h"
 #include "parallel/communicator.h"
+#include "parallel/tensor_group.h"
 #include "parallel/watchdog.h"
 
 #include <ATen/ATen.h>
@@ -138,23 +139,33 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
     std::istringstream in(lines.str());
     for (std::string line; std::getline(in, line);) log_line(LogLevel::kInfo, line);
   }
-  const StagePlan& stage = plan.partition.stages[world.rank()];
+  const ProcessGrid& grid = plan.grid;
+  if (grid.world_size != world.size()) throw std::logic_error("the plan is for another number of ranks");
+  const int stage_index = grid.stage_of(world.rank());
+  const StagePlan& stage = plan.partition.stages[stage_index];
+  // A stage's tensor ranks reduce over a communicator of their own (collective over the world).
+  std::unique_ptr<TensorGroup> group;
+  if (grid.tensor > 1) group = std::make_unique<TensorGroup>(world, grid, backend == "nccl");
 
   WeightSelection sel;
   sel.layers = {stage.first_layer, stage.first_layer + stage.num_layers};
-  sel.embedding = world.rank() == 0;
-  sel.head = world.rank() == world.size() - 1;
-  const ModelShard shard(load_weights(job.model.path, plan.model, sel, plan.dtype, device), plan.first_cached_layer);
+  sel.embedding = stage_index == 0;
+  sel.head = stage_index == grid.stages() - 1;
+  sel.split = plan.tensor_splits.at(grid.tensor_rank_of(world.rank()));
+  const ModelShard shard(load_weights(job.model.path, plan.model, sel, plan.dtype, device), plan.first_cached_layer,
+                         group.get());
   // CUDA graphs pad decode batches with rows that write into one scratch block past the
-  // scheduler's blocks.
-  const bool graphs_wanted = job.runtime.cuda_graphs && device.is_cuda();
+  // scheduler's blocks. A tensor rank's steps reduce over MPI, which a graph cannot hold.
+  const bool graphs_wanted = job.runtime.cuda_graphs && device.is_cuda() && grid.tensor == 1;
+  if (job.runtime.cuda_graphs && device.is_cuda() && grid.tensor > 1)
+    log_printf(LogLevel::kWarn, "runtime.cuda_graphs: tensor ranks all-reduce over MPI; decode steps run without graphs");
   const int64_t scratch_blocks = graphs_wanted ? 1 : 0;
   BlockPool pool(shard.kv_shape(plan.block_size, plan.kv_dtype), plan.partition.num_blocks + scratch_blocks,
                  plan.dtype, device, plan.kv_dtype);
   std::unique_ptr<DecodeGraphs> graphs;
   if (graphs_wanted)
     graphs = std::make_unique<DecodeGraphs>(shard, pool, job.scheduler.max_batch, plan.partition.num_blocks);
-  else if (job.runtime.cuda_graphs)
+  else if (job.runtime.cuda_graphs && !device.is_cuda())
     log_printf(LogLevel::kWarn, "runtime.cuda_graphs: the rank computes on the CPU; decode steps run without graphs");
 
   const int64_t resident_bytes = shard.weights().bytes() + pool.bytes();
@@ -193,20 +204,23 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
   PipelineChannel channel(world, *comm);
   channel.set_trace(trace);
   const size_t micro_batches = job.parallel.micro_batches > 0 ? static_cast<size_t>(job.parallel.micro_batches)
-                                                              : static_cast<size_t>(world.size());
+                                                              : static_cast<size_t>(grid.stages());
   if (trace) trace->start(world);
-  if (world.is_coordinator()) channel.start();
+  // A later stage's leader starts its clock with its first message; a tensor rank with its
+  // leader's, whose broadcasts it waits in.
+  if (world.is_coordinator() || !grid.is_leader(world.rank())) channel.start();
   else channel.start_on_first_message();
   if (world.is_coordinator()) {
-    PipelineExecutor executor(shard, pool, channel, world.size(), micro_batches, graphs.get());
+    PipelineExecutor executor(shard, pool, channel, grid, micro_batches, graphs.get(), group.get());
     CoordinatorContext ctx{job, plan, shard, executor, world, graphs.get()};
     coordinator(ctx);
     executor.shutdown();
   } else {
-    run_stage_worker(shard, pool, channel, world.rank(), world.size(), graphs.get());
+    run_stage_worker(shard, pool, channel, grid, world.rank(), graphs.get(), group.get());
   }
   log_engine_counters(shard, graphs.get());
   channel.stop();
+  if (group) channel.set_group_times(group->times());
   channel.set_trace(nullptr);
   outcome.times = channel.gather_times();
   if (trace) outcome.traces = trace->gather(world);

@@ -266,7 +266,9 @@ ordered_json make_report(const ReportInputs& in) {
   ordered_json layers = ordered_json::array();
   for (const StagePlan& s : plan.partition.stages) layers.push_back(s.num_layers);
   const int64_t micro_batches =
-      in.world.size() == 1 ? 1 : (job.parallel.micro_batches > 0 ? job.parallel.micro_batches : in.world.size());
+      plan.grid.stages() == 1 ? 1 : (job.parallel.micro_batches > 0 ? job.parallel.micro_batches : plan.grid.stages());
+  report["tensor_parallel"] = plan.grid.tensor;
+  report["pipeline_stages"] = plan.grid.stages();
   report["config"] = {
       {"file", in.options.config},
       {"overrides", in.options.overrides},
@@ -340,15 +342,27 @@ ordered_json make_report(const ReportInputs& in) {
   ordered_json ranks = ordered_json::array();
   for (size_t r = 0; r < in.ranks.size(); ++r) {
     const RankBreakdown& b = in.ranks[r];
-    const StagePlan& st = plan.partition.stages.at(r);
-    ranks.push_back({{"rank", static_cast<int64_t>(r)},
-                     {"first_layer", st.first_layer},
-                     {"num_layers", st.num_layers},
-                     {"compute", std::round(b.compute * 1e6) / 1e6},
-                     {"comm", std::round(b.comm * 1e6) / 1e6},
-                     {"wait", std::round(b.wait * 1e6) / 1e6},
-                     {"idle", std::round(b.idle * 1e6) / 1e6},
-                     {"total_s", round3(b.total_s)}});
+    const int rank = static_cast<int>(r);
+    const StagePlan& st = plan.partition.stages.at(plan.grid.stage_of(rank));
+    ordered_json entry = {{"rank", static_cast<int64_t>(r)},
+                          {"stage", plan.grid.stage_of(rank)},
+                          {"tensor_rank", plan.grid.tensor_rank_of(rank)},
+                          {"first_layer", st.first_layer},
+                          {"num_layers", st.num_layers},
+                          {"compute", std::round(b.compute * 1e6) / 1e6},
+                          {"comm", std::round(b.comm * 1e6) / 1e6},
+                          {"wait", std::round(b.wait * 1e6) / 1e6},
+                          {"idle", std::round(b.idle * 1e6) / 1e6},
+                          {"total_s", round3(b.total_s)}};
+    if (plan.grid.tensor > 1 && r < in.outcome.times.size()) {
+      // The whole run's all-reduces on this rank (warm-up included), per call and as a share.
+      const RankTimes& t = in.outcome.times[r];
+      entry["all_reduce"] = {{"calls", static_cast<int64_t>(t.all_reduce_calls)},
+                             {"us_per_call", t.all_reduce_calls > 0 ? round3(1e6 * t.all_reduce_s / t.all_reduce_calls) : 0.0},
+                             {"share", t.total_s > 0 ? std::round(t.all_reduce_s / t.total_s * 1e4) / 1e4 : 0.0},
+                             {"group_share", t.total_s > 0 ? std::round(t.group_s / t.total_s * 1e4) / 1e4 : 0.0}};
+    }
+    ranks.push_back(entry);
   }
   report["ranks"] = ranks;
   // At most ~500 samples of the blocks in use, evenly spaced over the steps.
@@ -521,8 +535,11 @@ void bench(const BenchOptions& o, World& world) {
 
   const std::filesystem::path dir(o.out_dir);
   std::vector<std::string> names;
-  for (const StagePlan& s : plan.partition.stages)
-    names.push_back("layers " + std::to_string(s.first_layer) + ".." + std::to_string(s.first_layer + s.num_layers - 1));
+  for (int r = 0; r < plan.grid.world_size; ++r) {
+    const StagePlan& s = plan.partition.stages.at(plan.grid.stage_of(r));
+    names.push_back("layers " + std::to_string(s.first_layer) + ".." + std::to_string(s.first_layer + s.num_layers - 1) +
+                    (plan.grid.tensor > 1 ? ", tensor rank " + std::to_string(plan.grid.tensor_rank_of(r)) : ""));
+  }
   std::vector<StepSpan> steps;
   for (const StepRecord& s : m.steps)
     steps.push_back({s.micro_batch, trace.since_epoch_us(s.submitted), trace.since_epoch_us(s.done), s.blocks_used});

@@ -1,6 +1,7 @@
 // Pipeline runs under mpirun against the one-rank run of the same job on the same
 // random-weight model: greedy tokens identical, log-probabilities within 1e-5.
 #include "tests/support/command.h"
+#include "tests/support/job_run.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -19,11 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 using kvpipe::testing::CommandResult;
 
-struct JobRun {
-  CommandResult result;
-  std::map<int64_t, std::vector<int64_t>> outputs;                          // id -> tokens
-  std::map<std::pair<int64_t, int64_t>, std::vector<double>> logprobs;      // (id, step)
-};
+using kvpipe::testing::JobRun;
 
 class Pipeline : public ::testing::Test {
  protected:
@@ -65,21 +62,7 @@ class Pipeline : public ::testing::Test {
     std::string cmd = env + " " + KVPIPE_MPIRUN + " --oversubscribe -np " + std::to_string(ranks) + " " +
                       KVPIPE_BINARY + " generate --config " + (*dir_ / "job.yaml").string() +
                       " --logprobs-out " + lp.string() + " " + args;
-    JobRun run;
-    run.result = kvpipe::testing::run_command(cmd, *dir_);
-    if (run.result.code != 0) return run;
-    std::istringstream lines(run.result.out);
-    std::string line;
-    while (std::getline(lines, line)) {
-      const auto j = nlohmann::json::parse(line);
-      run.outputs[j["id"]] = j["output_ids"].get<std::vector<int64_t>>();
-    }
-    std::ifstream in(lp);
-    while (std::getline(in, line)) {
-      const auto j = nlohmann::json::parse(line);
-      run.logprobs[{j["id"], j["step"]}] = j["logprobs"].get<std::vector<double>>();
-    }
-    return run;
+    return kvpipe::testing::parse_job_run(kvpipe::testing::run_command(cmd, *dir_), lp);
   }
 
   static void expect_same_as_one_rank(const JobRun& run, double tolerance = 1e-5,
@@ -88,14 +71,7 @@ class Pipeline : public ::testing::Test {
     ASSERT_EQ(run.result.code, 0) << run.result.err;
     ASSERT_EQ(ref_run.result.code, 0) << ref_run.result.err;
     EXPECT_EQ(run.outputs, ref_run.outputs);
-    ASSERT_EQ(run.logprobs.size(), ref_run.logprobs.size());
-    double worst = 0;
-    for (const auto& [key, ref] : ref_run.logprobs) {
-      const std::vector<double>& got = run.logprobs.at(key);
-      ASSERT_EQ(got.size(), ref.size());
-      for (size_t v = 0; v < ref.size(); ++v) worst = std::max(worst, std::abs(got[v] - ref[v]));
-    }
-    EXPECT_LE(worst, tolerance);
+    EXPECT_LE(kvpipe::testing::max_logprob_difference(run, ref_run), tolerance);
     // One summary line per rank on stderr.
     EXPECT_NE(run.result.err.find("rank 0: busy"), std::string::npos) << run.result.err;
   }

@@ -124,10 +124,10 @@ class WatchdogMpi : public ::testing::Test {
   }
 
   // Stops rank `silent` once the job runs, and expects the other rank to end the job.
-  void expect_stopped_rank_ends_job(int silent) {
+  void expect_stopped_rank_ends_job(int silent, const std::string& args = "") {
     constexpr double kTimeout = 3.0;
     BackgroundJob job(mpirun(2) + KVPIPE_BINARY + " generate --config " + long_job().string() +
-                          " --set parallel.timeout=3",
+                          " --set parallel.timeout=3" + args,
                       dir_ / "out.txt", dir_ / "err.txt");
     // Rank 0 prints the plan after the watchdog started on every rank (it starts collectively).
     const auto t0 = Clock::now();
@@ -162,6 +162,12 @@ class WatchdogMpi : public ::testing::Test {
 TEST_F(WatchdogMpi, StoppedLastRankEndsTheJobNamingIt) { expect_stopped_rank_ends_job(1); }
 
 TEST_F(WatchdogMpi, StoppedCoordinatorEndsTheJobNamingIt) { expect_stopped_rank_ends_job(0); }
+
+// Two tensor ranks of one stage: the stopped one leaves its partner blocked in an all-reduce,
+// from which the watchdog still ends the job.
+TEST_F(WatchdogMpi, StoppedTensorRankEndsTheJobNamingIt) {
+  expect_stopped_rank_ends_job(1, " --set parallel.tensor=2");
+}
 
 // A timeout of 1 s on jobs that run far longer than that, with requests that arrive late,
 // with rank 0 idle between arrivals (bench in open loop), and ranks finishing at different

@@ -2,8 +2,8 @@
 // that scripts/setup.sh installs): the chat prompt kvpipe builds is the one transformers'
 // apply_chat_template renders from the file's template and llama.cpp tokenises; greedy
 // decoding from it gives llama.cpp's tokens for 64 steps (a different choice only at a
-// near-tie), on one rank and on two; and the "text" of the answer is llama.cpp's
-// detokenisation of those tokens. Re-quantised by llama.cpp's quantiser into Q4_K_M and
+// near-tie), on one rank, on two pipeline stages and on three tensor ranks; and the "text" of
+// the answer is llama.cpp's detokenisation of those tokens. Re-quantised by llama.cpp's quantiser into Q4_K_M and
 // Q5_K_M (whose rows of 576 values take the fallback types Q5_0 and Q5_1), it still answers.
 #include "tests/support/command.h"
 #include "tests/support/logprob_compare.h"
@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -73,7 +74,7 @@ TEST_F(SmolLm2Chat, PromptIsTheOneTransformersRendersAndLlamaCppTokenises) {
   EXPECT_EQ(out.at("pieces").size(), out.at("ids").size());
 }
 
-TEST_F(SmolLm2Chat, GreedyAnswerMatchesLlamaCppOnOneAndTwoRanks) {
+TEST_F(SmolLm2Chat, GreedyAnswerMatchesLlamaCppOnOneTwoAndThreeTensorRanks) {
   std::string prompt;
   for (const auto& id : reference_.at("ids")) prompt += (prompt.empty() ? "" : ",") + std::to_string(id.get<int64_t>());
   const CommandResult ref = run_command(std::string(KVPIPE_PYTHON) + " " + KVPIPE_SOURCE_DIR +
@@ -84,11 +85,13 @@ TEST_F(SmolLm2Chat, GreedyAnswerMatchesLlamaCppOnOneAndTwoRanks) {
   const std::vector<kvpipe::testing::LogprobStep> ref_steps = kvpipe::testing::parse_logprob_steps(ref.out);
   ASSERT_EQ(ref_steps.size(), static_cast<size_t>(kSteps));
 
-  for (const int ranks : {1, 2}) {
+  // One rank, two pipeline stages, and three tensor ranks (9 heads and 3 KV heads in thirds).
+  for (const auto& [ranks, tensor] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {3, 3}}) {
     const fs::path lp = dir_ / ("logprobs_" + std::to_string(ranks) + ".jsonl");
     const CommandResult r = kvpipe("generate --config configs/smollm2.yaml " + chat_flag() +
                                        " --max-new-tokens " + std::to_string(kSteps) +
-                                       " --set sampling.ignore_eos=true --logprobs-out " + lp.string(),
+                                       " --set sampling.ignore_eos=true --set parallel.tensor=" +
+                                       std::to_string(tensor) + " --logprobs-out " + lp.string(),
                                    ranks);
     ASSERT_EQ(r.code, 0) << r.err;
     const nlohmann::json line = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
@@ -96,8 +99,20 @@ TEST_F(SmolLm2Chat, GreedyAnswerMatchesLlamaCppOnOneAndTwoRanks) {
     const kvpipe::testing::LogprobComparison c = kvpipe::testing::compare_logprob_steps(
         kvpipe::testing::parse_logprob_steps(kvpipe::testing::slurp(lp)), ref_steps, kSteps,
         kLogprobTolerance, kTieTolerance);
-    std::printf("[ parity ] SmolLM2 chat vs llama.cpp, %d rank(s): %s\n", ranks,
-                kvpipe::testing::summary(c).c_str());
+    std::printf("[ parity ] SmolLM2 chat vs llama.cpp, %d rank(s), %d tensor rank(s) per stage: %s\n", ranks,
+                tensor, kvpipe::testing::summary(c).c_str());
+    if (tensor > 1) {
+      // Against the one-rank run of the same prompt, with the same tolerances (the kernels'
+      // 8-bit activations round partial sums differently: see kLogprobTolerance).
+      const kvpipe::testing::LogprobComparison one = kvpipe::testing::compare_logprob_steps(
+          kvpipe::testing::parse_logprob_steps(kvpipe::testing::slurp(lp)),
+          kvpipe::testing::parse_logprob_steps(kvpipe::testing::slurp(dir_ / "logprobs_1.jsonl")), kSteps,
+          kLogprobTolerance, kTieTolerance);
+      std::printf("[ parity ] SmolLM2 chat, %d tensor ranks vs one rank: %s\n", tensor,
+                  kvpipe::testing::summary(one).c_str());
+      EXPECT_TRUE(one.failure.empty()) << one.failure;
+      EXPECT_GE(one.compared, 16) << "the tensor-parallel run left the one-rank run early";
+    }
     EXPECT_TRUE(c.failure.empty()) << ranks << " rank(s): " << c.failure;
     EXPECT_GE(c.compared, 16) << ranks << " rank(s): the runs diverged early";
 

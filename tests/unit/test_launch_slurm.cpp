@@ -151,7 +151,26 @@ TEST_F(LaunchSlurm, ExampleClusterJob) {
   EXPECT_TRUE(has_line(r.out, "#SBATCH --ntasks-per-node=4")) << r.out;
   EXPECT_TRUE(has_line(r.out, "#SBATCH --gpus-per-node=4")) << r.out;
   EXPECT_NE(r.out.find("--ntasks=8 "), std::string::npos) << r.out;
+  // Tensor parallelism inside each node, pipeline stages across nodes.
+  EXPECT_NE(r.out.find("= 8 rank(s): 2 pipeline stage(s) x 4 tensor rank(s)"), std::string::npos) << r.out;
   expect_valid_bash(r.out);
+}
+
+TEST_F(LaunchSlurm, TensorGroupThatWouldSpanNodesExitsTwo) {
+  // 2 nodes of 4 ranks: 8 tensor ranks divide the job but would span both nodes.
+  std::string two_nodes = kJob;
+  two_nodes.replace(two_nodes.find("nodes: 3"), 8, "nodes: 2");
+  std::ofstream(dir_ / "job.yaml") << two_nodes << "parallel: {tensor: 8}\n";
+  const CommandResult r = run(std::string(KVPIPE_BINARY) + " slurm --config " + (dir_ / "job.yaml").string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("cluster.gpus_per_node: 4 ranks per node is not a multiple of parallel.tensor 8"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  std::ofstream(dir_ / "job.yaml") << kJob << "parallel: {tensor: 2}\n";
+  const CommandResult ok = run(std::string(KVPIPE_BINARY) + " slurm --config " + (dir_ / "job.yaml").string());
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("12 rank(s): 6 pipeline stage(s) x 2 tensor rank(s)"), std::string::npos) << ok.out;
 }
 
 }  // namespace

@@ -131,6 +131,31 @@ TEST_F(LaunchValidate, PrintsThePlanPerRank) {
       << r.out;
 }
 
+TEST_F(LaunchValidate, PrintsTheTensorGridWithEachRanksHeadsAndKvBytes) {
+  fs::create_directories(*dir_ / "out");
+  const std::string job = "validate --config configs/smollm2.yaml --set cache.memory=16MiB";
+  const CommandResult one = kvpipe(job + " --ranks 2");
+  const CommandResult grid = kvpipe(job + " --ranks 6 --set parallel.tensor=3");
+  ASSERT_EQ(one.code, 0) << one.err;
+  ASSERT_EQ(grid.code, 0) << grid.err;
+  EXPECT_NE(grid.out.find("plan: 6 rank(s) = 2 stage(s) x 3 tensor ranks, 30 layers, split [15, 15]"),
+            std::string::npos)
+      << grid.out;
+  // SmolLM2's 9 heads and 3 KV heads, 1536 MLP units and 49152 tokens, in thirds.
+  EXPECT_NE(grid.out.find("plan: rank 4 (stage 1, tensor rank 1: heads 3..5, KV heads 1..1, MLP units 512..1023, "
+                          "vocabulary 16384..32767) layers 15..29"),
+            std::string::npos)
+      << grid.out;
+  // Each rank caches one KV head of three: the same 16 MiB hold three times the blocks (45.5 -> 136.5).
+  EXPECT_NE(one.out.find(" 45 blocks of 16 tokens"), std::string::npos) << one.out;
+  EXPECT_NE(grid.out.find(" 136 blocks of 16 tokens"), std::string::npos) << grid.out;
+  // A grid the model cannot split is exit 2 naming the key and the numbers.
+  const CommandResult bad = kvpipe(job + " --ranks 4 --set parallel.tensor=2");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("parallel.tensor: 2 does not divide the model's 9 attention heads"), std::string::npos)
+      << bad.err;
+}
+
 TEST_F(LaunchValidate, ThePlanSaysWhenTheKvPoolLimitsARequest) {
   // 64 blocks of 16 tokens hold 1024 tokens, less than the model's 2048; a request may have one
   // token more, its last output, which is never fed back and so never stored.
