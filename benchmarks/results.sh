@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates benchmarks/RESULTS.md on this machine.
 #
-#   benchmarks/results.sh [--all | --with decode,pipeline,cache,peers,serve] [--runs N]
+#   benchmarks/results.sh [--all | --with decode,pipeline,tensor,cache,peers,serve] [--runs N]
 #
 # Always runs batch-1 decode against the memory-bandwidth floor (--runs times) and the
 # standard sweep (benchmarks/sweeps/standard-*.toml: 1, 2 and 4 ranks, batch 1 to 64,
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 with="" runs=3
 while [ $# -gt 0 ]; do
   case "$1" in
-    --all) with="decode,pipeline,cache,peers,serve"; shift ;;
+    --all) with="decode,pipeline,tensor,cache,peers,serve"; shift ;;
     --with) with=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
     *) echo "results: unknown argument $1" >&2; exit 2 ;;
@@ -102,17 +102,19 @@ PY
 # Reruns the other sections asked for; each script prints Markdown.
 declare -A titles=([decode]="Batch-1 decode and prompt processing against the memory-bandwidth floor"
                    [pipeline]="Pipeline: steady-state decode on two ranks"
+                   [tensor]="Tensor parallelism"
                    [cache]="KV-cache policies: what they cost and save"
                    [peers]="Against llama.cpp on the same weights"
                    [serve]="Serving: kvpipe serve against llama-server")
 declare -A commands=([decode]="benchmarks/decode_bench.sh --runs $runs"
                      [pipeline]="benchmarks/pipeline_bench.sh --runs $runs"
+                     [tensor]="benchmarks/tensor_bench.sh --runs $runs"
                      [cache]="benchmarks/cache_bench.sh --runs $runs"
                      [peers]="benchmarks/peers/compare.sh --runs $runs"
                      [serve]="benchmarks/serve_bench.sh")
 rerun_dir=$(mktemp -d)
 for s in ${with//,/ }; do
-  [ -n "${commands[$s]:-}" ] || { echo "results: unknown section $s (decode, pipeline, cache, peers, serve)" >&2; exit 2; }
+  [ -n "${commands[$s]:-}" ] || { echo "results: unknown section $s (decode, pipeline, tensor, cache, peers, serve)" >&2; exit 2; }
   echo "results: running ${commands[$s]}"
   {
     echo "## ${titles[$s]}"
@@ -142,7 +144,7 @@ varies by up to 30% between runs): read the medians, and the ratios to reference
 in the same run, rather than single figures.
 """
 parts = [head, block("standard-sweep", open(section_file).read())]
-for name in ["platform", "decode", "pipeline", "cache", "peers", "peers-intel", "serve"]:
+for name in ["platform", "decode", "pipeline", "tensor", "cache", "peers", "peers-intel", "serve"]:
     fresh = os.path.join(rerun_dir, name + ".md")
     body = open(fresh).read() if os.path.exists(fresh) else previous(name)
     if body:
