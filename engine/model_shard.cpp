@@ -11,7 +11,6 @@ namespace kvpipe {
 ModelShard::ModelShard(ModelWeights weights, int64_t first_cached_layer, TensorGroup* group)
     : weights_(std::move(weights)), first_cached_layer_(first_cached_layer), group_(group) {
   const ModelConfig& c = weights_.config;
-  if (weights_.split.heads == 0) weights_.split = whole_model_split(c);  // weights made by hand
   if (!weights_.split.whole() && (group_ == nullptr || group_->size() != weights_.split.size ||
                                   group_->rank() != weights_.split.rank))
     throw std::logic_error("a tensor rank's shard needs its tensor group");
