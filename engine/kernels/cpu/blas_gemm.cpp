@@ -8,9 +8,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <strings.h>
 #include <stdexcept>
 
 extern "C" void openblas_set_num_threads(int);
+extern "C" char* openblas_get_corename(void);
 
 namespace kvpipe {
 namespace {
@@ -28,20 +31,31 @@ BlasChoice blas_choice() {
   return choice;
 }
 
+// OpenBLAS's core names for kernel sets without AVX2 (its fallbacks for processors it does
+// not know): a BLAS that would run them loses to MKL by 5-8x.
+bool openblas_core_lacks_avx2() {
+  const std::string core = openblas_get_corename();
+  for (const char* old : {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Sandybridge", "Atom",
+                          "Barcelona", "Bobcat", "Bulldozer", "Piledriver", "Steamroller", "Unknown"})
+    if (strcasecmp(core.c_str(), old) == 0) return true;
+  return false;
+}
+
 bool use_openblas() {
   switch (blas_choice()) {
     case BlasChoice::kOpenBlas: return true;
     case BlasChoice::kTorch: return false;
     case BlasChoice::kByProcessor: break;
   }
-  static const bool intel = [] {
+  static const bool openblas = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_is("intel") != 0;
+    if (__builtin_cpu_is("intel")) return false;
+    return !(__builtin_cpu_supports("avx2") && openblas_core_lacks_avx2());
   }();
-  return !intel;
+  return openblas;
 }
 
-constexpr int64_t kMinBmmRowsForOpenBlas = 32;
+constexpr int64_t kMinBmmRows = 32;
 // Output columns below which splitting a product over threads costs more than it saves.
 constexpr int64_t kMinColumnsPerThread = 128;
 
@@ -52,6 +66,36 @@ bool row_major(const at::Tensor& t) {
 }
 
 }  // namespace
+
+void sgemm_on_this_thread(bool trans_a, bool trans_b, int64_t n, int64_t m, int64_t k, const float* a, int64_t lda,
+                          const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  if (n <= 0 || m <= 0) return;
+  if (use_openblas()) {
+    // The threads are the pool's: OpenBLAS's own would nest inside them.
+    static std::once_flag single;
+    std::call_once(single, [] { openblas_set_num_threads(1); });
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), 1.0f, a, static_cast<int>(lda), b,
+                static_cast<int>(ldb), accumulate ? 1.0f : 0.0f, c, static_cast<int>(ldc));
+    return;
+  }
+  // LibTorch's MKL through views of the caller's memory: at::mm hands MKL the leading
+  // dimensions as they are. LibTorch's intra-op threads are kept at one (job_runner), so the
+  // call runs on this thread.
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const auto view = [&](const float* p, int64_t rows, int64_t cols, int64_t ld, bool transposed) {
+    float* data = const_cast<float*>(p);
+    return transposed ? at::from_blob(data, {cols, rows}, {ld, 1}, f32).t() : at::from_blob(data, {rows, cols}, {ld, 1}, f32);
+  };
+  const at::Tensor av = view(a, n, k, lda, trans_a), bv = view(b, k, m, ldb, trans_b);
+  at::Tensor cv = at::from_blob(c, {n, m}, {ldc, 1}, f32);
+  if (k <= 0) {
+    if (!accumulate) cv.zero_();
+    return;
+  }
+  if (accumulate) cv.addmm_(av, bv);
+  else at::mm_out(cv, av, bv);
+}
 
 std::string cpu_blas_name() { return use_openblas() ? "openblas" : "torch"; }
 
@@ -64,10 +108,10 @@ void set_cpu_blas_threads(int /*threads*/) {
 at::Tensor cpu_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
   const bool bias_ok = !bias.defined() || (bias.scalar_type() == at::kFloat && bias.is_cpu() &&
                                            bias.dim() == 1 && bias.size(0) == w.size(0));
-  if (!use_openblas() || !row_major(x) || !row_major(w) || x.size(1) != w.size(1) || !bias_ok ||
+  if (!row_major(x) || !row_major(w) || x.size(1) != w.size(1) || !bias_ok ||
       x.size(0) == 0 || w.size(0) == 0 || x.size(1) == 0)
     return bias.defined() ? at::addmm(bias, x, w.t()) : at::mm(x, w.t());
-  const int n = static_cast<int>(x.size(0)), m = static_cast<int>(w.size(0)), k = static_cast<int>(x.size(1));
+  const int64_t n = x.size(0), m = w.size(0), k = x.size(1);
   at::Tensor y;
   float beta = 0.0f;
   if (bias.defined()) {
@@ -79,12 +123,11 @@ at::Tensor cpu_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   const float* xp = x.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  const int ldx = static_cast<int>(x.stride(0)), ldw = static_cast<int>(w.stride(0));
-  // Each of LibTorch's intra-op threads computes a slice of the output columns (rows of w)
-  // with a single-threaded OpenBLAS call, so that one pool of threads runs everything.
+  const int64_t ldx = x.stride(0), ldw = w.stride(0);
+  // Each of the pool's threads computes a slice of the output columns (rows of w) with a
+  // single-threaded library call, so that one pool of threads runs everything.
   parallel_rows(m, kMinColumnsPerThread, [&](int64_t begin, int64_t end) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, static_cast<int>(end - begin), k, 1.0f, xp, ldx,
-                wp + begin * ldw, ldw, beta, yp + begin, m);
+    sgemm_on_this_thread(false, true, n, end - begin, k, xp, ldx, wp + begin * ldw, ldw, beta != 0.0f, yp + begin, m);
   });
   return y;
 }
@@ -92,7 +135,7 @@ at::Tensor cpu_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor
 at::Tensor cpu_bmm(const at::Tensor& a, const at::Tensor& c) {
   // Decode's products (a few query rows per KV head) are call overhead more than arithmetic:
   // LibTorch's batched kernel serves them in one call.
-  if (!use_openblas() || a.dim() != 3 || c.dim() != 3 || a.size(1) < kMinBmmRowsForOpenBlas ||
+  if (a.dim() != 3 || c.dim() != 3 || a.size(1) < kMinBmmRows ||
       a.scalar_type() != at::kFloat || c.scalar_type() != at::kFloat || !a.is_cpu() || !c.is_cpu() ||
       a.size(0) != c.size(0) || a.size(2) != c.size(1))
     return at::bmm(a, c);
@@ -121,10 +164,7 @@ at::Tensor cpu_bmm(const at::Tensor& a, const at::Tensor& c) {
   const int64_t sa = ac.stride(0), sc = cc.stride(0);
   parallel_rows(batch, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i)
-      cblas_sgemm(CblasRowMajor, a_t ? CblasTrans : CblasNoTrans, c_t ? CblasTrans : CblasNoTrans,
-                  static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), 1.0f, ap + i * sa,
-                  static_cast<int>(lda), cp + i * sc, static_cast<int>(ldc), 0.0f, yp + i * n * m,
-                  static_cast<int>(m));
+      sgemm_on_this_thread(a_t, c_t, n, m, k, ap + i * sa, lda, cp + i * sc, ldc, false, yp + i * n * m, m);
   });
   return y;
 }

@@ -9,7 +9,14 @@
 // pool, engine/kernels/cpu/thread_pool.h, for its slice of the output) on processors that are
 // not Intel's, and to LibTorch (MKL) otherwise. The choice depends only on the processor's
 // vendor, so every rank of a job on one machine computes with the same library (the same
-// rounding); KVPIPE_CPU_BLAS=openblas|torch overrides it.
+// rounding); KVPIPE_CPU_BLAS=openblas|torch overrides it. OpenBLAS is also passed over where
+// its own processor detection fell back to a kernel set without AVX2 (0.3.21 knows no processor
+// newer than Cooper Lake and runs its SSE3 "Prescott" sgemm there, at 17 GFLOP/s against MKL's
+// 110-147 on one Sapphire Rapids core).
+//
+// Every product is split over kvpipe's pool (one slice of output columns per thread, each a
+// single-threaded call of the chosen library), so prefill uses every compute thread whichever
+// library runs.
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -26,7 +33,14 @@ at::Tensor cpu_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor
 // Products of fewer than 32 rows (decode's) stay with LibTorch.
 at::Tensor cpu_bmm(const at::Tensor& a, const at::Tensor& c);
 
-// The library cpu_linear and cpu_bmm use now: "openblas" or "torch".
+// C[n, m] = op(A)[n, k] op(B)[k, m] (+ C when `accumulate`), row-major with leading dimensions
+// lda, ldb, ldc; op(A) = A [n, k], or A^T of A stored [k, n] when `trans_a` (likewise B: [k, m],
+// or stored [m, k] when `trans_b`). On the calling thread alone, with the library cpu_blas_name
+// says: the building block of every float32 product here, quant_matmul's BLAS path included.
+void sgemm_on_this_thread(bool trans_a, bool trans_b, int64_t n, int64_t m, int64_t k, const float* a, int64_t lda,
+                          const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
+
+// The library cpu_linear, cpu_bmm and sgemm_on_this_thread use now: "openblas" or "torch".
 std::string cpu_blas_name();
 
 // Called with the rank's compute threads: keeps OpenBLAS's own pool out of the way (the

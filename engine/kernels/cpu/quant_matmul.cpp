@@ -1,17 +1,13 @@
 #include "engine/kernels/cpu/quant_matmul.h"
 
+#include "engine/kernels/cpu/blas_gemm.h"
 #include "engine/kernels/cpu/thread_pool.h"
-
-#include <cblas.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <stdexcept>
 #include <vector>
-
-extern "C" void openblas_set_num_threads(int);
 
 namespace kvpipe {
 namespace {
@@ -85,8 +81,6 @@ void run_kernels(const Activations& a, int64_t n, QuantType type, const uint8_t*
 
 void run_blas(const float* x, int64_t n, int64_t ldx, const Activations& a, QuantType type, const uint8_t* w,
               int64_t rows, int64_t cols, float* y, int64_t ldy) {
-  static std::once_flag single;
-  std::call_once(single, [] { openblas_set_num_threads(1); });  // threads come from the pool
   const ActivationType at = quant_traits(type).activation;
   // The quantised types multiply by what their kernels see: the activations' 8-bit values.
   // The caller's buffer; the pool's threads reach it through the pointer (a lambda naming a
@@ -106,9 +100,8 @@ void run_blas(const float* x, int64_t n, int64_t ldx, const Activations& a, Quan
   parallel_rows(rows, 16, [&](int64_t begin, int64_t end) {
     if (type == QuantType::F32) {
       const float* wf = reinterpret_cast<const float*>(w);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(end - begin),
-                  static_cast<int>(cols), 1.0f, xs, static_cast<int>(ldxs), wf + begin * cols, static_cast<int>(cols),
-                  0.0f, y + begin, static_cast<int>(ldy));
+      sgemm_on_this_thread(false, true, n, end - begin, cols, xs, ldxs, wf + begin * cols, cols, false, y + begin,
+                           ldy);
       return;
     }
     thread_local std::vector<float> tile;
@@ -116,9 +109,7 @@ void run_blas(const float* x, int64_t n, int64_t ldx, const Activations& a, Quan
     for (int64_t r = begin; r < end; r += kBlasTileRows) {
       const int64_t m = std::min(kBlasTileRows, end - r);
       for (int64_t i = 0; i < m; ++i) dequantize_row(type, w + (r + i) * row_bytes, tile.data() + i * cols, cols);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(m),
-                  static_cast<int>(cols), 1.0f, xs, static_cast<int>(ldxs), tile.data(), static_cast<int>(cols), 0.0f,
-                  y + r, static_cast<int>(ldy));
+      sgemm_on_this_thread(false, true, n, m, cols, xs, ldxs, tile.data(), cols, false, y + r, ldy);
     }
   });
 }
