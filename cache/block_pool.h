@@ -65,6 +65,12 @@ class BlockPool {
   at::Tensor keys(int64_t layer) const;
   at::Tensor values(int64_t layer) const;
 
+  // Layer `layer` of K (which 0) or V (which 1) as stored, [slots, kv_heads, head_dim] (int8
+  // for q8_0), and q8_0's float16 scales [slots, kv_heads, head_dim / 32]: what kernels that
+  // read the pool in place take.
+  at::Tensor stored(int which, int64_t layer) const { return storage_[which][layer]; }
+  at::Tensor stored_scales(int which, int64_t layer) const { return scales_.defined() ? scales_[which][layer] : at::Tensor(); }
+
   // K and V of layer `layer` at `slots` (int64 [n]), decoded to the compute dtype:
   // [n, kv_heads, head_dim].
   at::Tensor gather_keys(int64_t layer, const at::Tensor& slots) const;

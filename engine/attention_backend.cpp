@@ -1,6 +1,6 @@
 #include "engine/attention_backend.h"
 
-#include "engine/kernels/cpu/paged_decode_reference.h"
+#include "engine/kernels/cpu/paged_attention.h"
 #include "engine/kernels/cuda/paged_decode.h"
 #include "engine/layers.h"
 
@@ -39,9 +39,11 @@ std::optional<AttentionPath> attention_path_from_env() {
 
 bool paged_decode_fits(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const BlockPool& pool,
                        const StepBatch& batch) {
-  if (!is_decode_only(batch) || batch.window_recent > 0 || pool.dtype() == KvDtype::kQ8_0) return false;
+  if (!is_decode_only(batch)) return false;
+  if (!on_gpu) return q_dtype == at::kFloat;
+  if (batch.window_recent > 0 || pool.dtype() == KvDtype::kQ8_0) return false;
   if (kv_storage_scalar_type(pool.dtype()) != q_dtype) return false;
-  return !on_gpu || head_dim == 64 || head_dim == 128;
+  return head_dim == 64 || head_dim == 128;
 }
 
 bool paged_decode_fits(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const BlockPool& pool,
@@ -67,9 +69,10 @@ AttentionPath choose_path(bool on_gpu, bool paged, bool varlen, std::optional<At
     if (*preferred == AttentionPath::kVarlen && varlen) return *preferred;
     if (*preferred == AttentionPath::kPerSequence) return *preferred;
   }
-  // The CPU's own path is the per-sequence one (its batched paths are references).
-  if (!on_gpu) return AttentionPath::kPerSequence;
+  // The CPU's decode steps take its paged kernel; everything else runs per sequence there (its
+  // varlen path is a reference).
   if (paged) return AttentionPath::kPagedDecode;
+  if (!on_gpu) return AttentionPath::kPerSequence;
   if (varlen) return AttentionPath::kVarlen;
   return AttentionPath::kPerSequence;
 }
@@ -81,14 +84,15 @@ AttentionPath choose_attention_path(const at::Tensor& q, const BlockPool& pool, 
                                     bool masked_or_capped) {
   const bool on_gpu = !q.is_cpu();
   return choose_path(on_gpu,
-                     !masked_or_capped && paged_decode_fits(q.scalar_type(), q.size(-1), on_gpu, pool, batch, ctx),
+                     (!on_gpu || !masked_or_capped) &&
+                         paged_decode_fits(q.scalar_type(), q.size(-1), on_gpu, pool, batch, ctx),
                      !masked_or_capped && varlen_fits(q.scalar_type(), q.size(-1), on_gpu, batch), preferred);
 }
 
 AttentionPath choose_attention_path(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const BlockPool& pool,
                                     const StepBatch& batch, std::optional<AttentionPath> preferred,
                                     bool masked_or_capped) {
-  return choose_path(on_gpu, !masked_or_capped && paged_decode_fits(q_dtype, head_dim, on_gpu, pool, batch),
+  return choose_path(on_gpu, (!on_gpu || !masked_or_capped) && paged_decode_fits(q_dtype, head_dim, on_gpu, pool, batch),
                      !masked_or_capped && varlen_fits(q_dtype, head_dim, on_gpu, batch), preferred);
 }
 
@@ -117,17 +121,25 @@ at::Tensor varlen_causal_attention(const at::Tensor& q, const at::Tensor& k, con
 }
 
 at::Tensor paged_decode(const at::Tensor& q, const BlockPool& pool, int64_t layer, const StepContext& ctx,
-                        double scale) {
+                        double scale, const AttentionWindow& window) {
   const int64_t S = q.size(0), heads = q.size(1), hd = q.size(2);
-  const at::Tensor keys = pool.keys(layer), values = pool.values(layer);
-  if (q.is_cuda())
-    return paged_decode_attention(q.contiguous(), keys, values, ctx.block_tables, ctx.context_lens,
-                                  pool.block_size(), scale)
+  if (q.is_cuda()) {
+    if (window.recent > 0 || window.sliding > 0 || window.softcap > 0)
+      throw std::logic_error("paged decode: the CUDA kernel has no window or soft-cap");
+    return paged_decode_attention(q.contiguous(), pool.keys(layer), pool.values(layer), ctx.block_tables,
+                                  ctx.context_lens, pool.block_size(), scale)
         .reshape({S, heads * hd});
-  return paged_decode_reference(q.contiguous(), keys, values, ctx.block_tables, ctx.context_lens, pool.block_size(),
-                                scale)
-      .to(q.scalar_type())
-      .reshape({S, heads * hd});
+  }
+  const at::Tensor qf = q.to(at::kFloat).contiguous();
+  const at::Tensor tables = ctx.block_tables.to(at::kInt).contiguous(), lens = ctx.context_lens.to(at::kInt).contiguous();
+  if (tables.dim() != 2 || tables.size(0) != S || lens.numel() != S)
+    throw std::logic_error("paged decode: block tables or context lengths do not match the step's queries");
+  at::Tensor out = at::empty({S, heads, hd}, qf.options());
+  paged_decode_attention_cpu(qf.data_ptr<float>(), S, heads, paged_kv_layer(pool, layer), tables.data_ptr<int32_t>(),
+                             tables.size(1), lens.data_ptr<int32_t>(),
+                             {window.sinks, window.recent, window.sliding, window.softcap}, static_cast<float>(scale),
+                             out.data_ptr<float>());
+  return out.to(q.scalar_type()).reshape({S, heads * hd});
 }
 
 }  // namespace kvpipe

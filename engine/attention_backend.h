@@ -8,9 +8,14 @@
 // tables (CUDA, one new token per sequence, no window: decode steps). On the CPU the batched
 // paths run their references (a per-sequence loop over the same packed indices, and the
 // float64 paged decode reference), so their indexing is tested where no GPU is.
+//
+// On the CPU, decode steps take kvpipe's paged kernel (engine/kernels/cpu/paged_attention.h:
+// the pool read in place, every stored type and window), prefill and mixed steps the
+// per-sequence path; the varlen path there is a reference.
 #pragma once
 
 #include "cache/block_pool.h"
+#include "engine/layers.h"
 #include "engine/step_batch.h"
 
 #include <ATen/core/Tensor.h>
@@ -30,9 +35,10 @@ std::string attention_path_name(AttentionPath path);
 // compare them; tests force the batched paths on the CPU). Read once per process.
 std::optional<AttentionPath> attention_path_from_env();
 
-// Whether the paged decode kernel takes a step: one new token per sequence, no window, float
-// storage of the query's dtype, and on a GPU a head size it was built for (64 or 128; its CPU
-// reference takes any).
+// Whether the paged decode kernel takes a step: one new token per sequence, and on a GPU no
+// window, float storage of the query's dtype and a head size it was built for (64 or 128). The
+// CPU's kernel (engine/kernels/cpu/paged_attention.h) reads every stored type, windows
+// included, for float32 queries.
 bool paged_decode_fits(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const BlockPool& pool,
                        const StepBatch& batch, const StepContext& ctx);
 bool paged_decode_fits(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const BlockPool& pool,
@@ -41,8 +47,8 @@ bool paged_decode_fits(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, co
 // The path for one layer of a step: `preferred` when given and the step allows it, otherwise
 // the fastest that does. q is [T, heads, head_dim] on the compute device. With
 // `masked_or_capped` (a model whose attention is soft-capped or has sliding-window layers:
-// ModelConfig::masked_or_capped_attention) only the per-sequence path computes it: the
-// batched paths know neither.
+// ModelConfig::masked_or_capped_attention) only the per-sequence path and the CPU's paged
+// kernel compute it: the GPU's batched kernels know neither.
 AttentionPath choose_attention_path(const at::Tensor& q, const BlockPool& pool, const StepBatch& batch,
                                     const StepContext& ctx, std::optional<AttentionPath> preferred,
                                     bool masked_or_capped = false);
@@ -63,8 +69,9 @@ at::Tensor varlen_causal_attention(const at::Tensor& q, const at::Tensor& k, con
                                    const StepContext& ctx, double scale);
 
 // One new query per sequence (q [S, heads, head_dim]) over layer `layer` of `pool` through
-// the step's block tables and context lengths. Returns [S, heads * head_dim].
+// the step's block tables and context lengths, seeing what `window` lets it see (on a GPU the
+// window must be empty: paged_decode_fits). Returns [S, heads * head_dim].
 at::Tensor paged_decode(const at::Tensor& q, const BlockPool& pool, int64_t layer, const StepContext& ctx,
-                        double scale);
+                        double scale, const AttentionWindow& window = {});
 
 }  // namespace kvpipe

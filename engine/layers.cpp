@@ -3,17 +3,38 @@
 #include "engine/model/model_config.h"
 #include "engine/model/weight_matrix.h"
 #include "engine/kernels/cpu/blas_gemm.h"
+#include "engine/kernels/cpu/fused_ops.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace kvpipe {
 
+namespace {
+
+// A float32 tensor on the CPU whose last dimension is contiguous: what the fused row kernels
+// (engine/kernels/cpu/fused_ops.h) read.
+bool cpu_float_rows(const at::Tensor& t) {
+  return t.defined() && t.is_cpu() && t.scalar_type() == at::kFloat && t.dim() >= 1 && t.stride(-1) == 1;
+}
+
+}  // namespace
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (cpu_float_rows(x) && x.is_contiguous() && cpu_float_rows(weight) && weight.dim() == 1 &&
+      weight.size(0) == x.size(-1) && x.numel() > 0) {
+    const int64_t dim = x.size(-1), rows = x.numel() / dim;
+    at::Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
+    rms_norm_rows(x.data_ptr<float>(), dim, weight.contiguous().data_ptr<float>(), rows, dim, static_cast<float>(eps),
+                  out.data_ptr<float>(), dim);
+    return out;
+  }
   const at::Tensor xf = x.to(at::kFloat);
   const at::Tensor inv = at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true).add_(eps));
   return (xf * inv).to(x.scalar_type()) * weight;
@@ -40,6 +61,21 @@ RopeTables make_rope_tables(int64_t max_position, const std::vector<double>& inv
 
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& positions, const RopeTables& rope) {
   const int64_t rotated = rope.cos.size(-1), dim = x.size(-1);
+  if (cpu_float_rows(x) && x.dim() == 3 && rope.cos.is_contiguous() && rope.sin.is_contiguous() &&
+      cpu_float_rows(rope.cos) && cpu_float_rows(rope.sin) && positions.is_cpu() &&
+      positions.scalar_type() == at::kLong && positions.numel() == x.size(0) && rotated % 2 == 0 && rotated <= dim) {
+    const at::Tensor pos = positions.contiguous();
+    const int64_t* p = pos.data_ptr<int64_t>();
+    const int64_t max_position = rope.cos.size(0);
+    for (int64_t i = 0; i < pos.numel(); ++i)
+      if (p[i] < 0 || p[i] >= max_position)
+        throw std::out_of_range("apply_rope: position " + std::to_string(p[i]) + " is outside the RoPE table of " +
+                                std::to_string(max_position));
+    at::Tensor out = at::empty({x.size(0), x.size(1), dim}, x.options());
+    rope_rows(x.data_ptr<float>(), x.size(0), x.size(1), dim, x.stride(0), x.stride(1), p, rope.cos.data_ptr<float>(),
+              rope.sin.data_ptr<float>(), rotated, out.data_ptr<float>());
+    return out;
+  }
   const at::Tensor xr = rotated == dim ? x : x.narrow(-1, 0, rotated);
   const int64_t half = rotated / 2;
   const at::Tensor cos = rope.cos.index_select(0, positions).unsqueeze(1);
@@ -55,12 +91,27 @@ at::Tensor dense(const at::Tensor& x, const at::Tensor& weight, const at::Tensor
   return bias.defined() ? at::addmm(bias, x, weight.t()) : at::mm(x, weight.t());
 }
 
+namespace {
+
+// gate_up [T, 2 * ff] on the fused kernel when it can take it (undefined otherwise).
+at::Tensor fused_gated(const at::Tensor& gate_up, bool gelu_tanh) {
+  if (!cpu_float_rows(gate_up) || gate_up.dim() != 2 || gate_up.size(1) % 2 != 0) return {};
+  const int64_t rows = gate_up.size(0), ff = gate_up.size(1) / 2;
+  at::Tensor out = at::empty({rows, ff}, gate_up.options());
+  gated_activation_rows(gate_up.data_ptr<float>(), rows, ff, gate_up.stride(0), gelu_tanh, out.data_ptr<float>());
+  return out;
+}
+
+}  // namespace
+
 at::Tensor swiglu(const at::Tensor& gate_up) {
+  if (at::Tensor out = fused_gated(gate_up, false); out.defined()) return out;
   const int64_t ff = gate_up.size(-1) / 2;
   return at::silu(gate_up.narrow(-1, 0, ff)) * gate_up.narrow(-1, ff, ff);
 }
 
 at::Tensor geglu(const at::Tensor& gate_up) {
+  if (at::Tensor out = fused_gated(gate_up, true); out.defined()) return out;
   const int64_t ff = gate_up.size(-1) / 2;
   return at::gelu(gate_up.narrow(-1, 0, ff), "tanh") * gate_up.narrow(-1, ff, ff);
 }

@@ -221,8 +221,8 @@ if [ $dry_run = 1 ]; then
   batches=(1 2) contexts=(32 64) bench_output=4 prefills=(32 64)
   parity_tokens=6 e2e_tokens=8 bench_cap=60 step_cap=60
   peer_args=(--device cpu --tiny --prompt 16 --tokens 8 --warmup 2)
-  # The CPU's own attention path is per sequence: the paged path's CPU reference stands in for
-  # the kernel, so that the path check of a and a2 checks something here too.
+  # The CPU's decode steps take its own paged kernel: the path check of a and a2 checks that
+  # here (the variable pins it, as on the GPU).
   attention_env=(KVPIPE_ATTENTION=paged)
 else
   mode="on the GPU"
@@ -716,7 +716,7 @@ check_paths() {
     want=$((${steps:-0} * ${layers:-0}))
     logln "a: attention layer calls paged $paged, varlen $(get varlen_calls "$fa"), per_sequence $(get per_sequence_calls "$fa"); $steps decode steps x $layers layers"
     if [ "$want" -gt 0 ] && [ "$paged" = "$want" ]; then
-      record "$name" "$paged of $want layer calls" "all" pass "$([ $dry_run = 1 ] && echo 'the CPU reference of the kernel (KVPIPE_ATTENTION=paged)')"
+      record "$name" "$paged of $want layer calls" "all" pass "$([ $dry_run = 1 ] && echo "the CPU's paged decode kernel (KVPIPE_ATTENTION=paged)")"
     else
       record "$name" "${paged:-?} of $want layer calls" "all" fail "varlen $(get varlen_calls "$fa"), per_sequence $(get per_sequence_calls "$fa")"
     fi

@@ -329,9 +329,9 @@ TEST(GpuDecodeGraphs, SecondInstanceCapturesAfterTheFirstIsGone) {
   EXPECT_EQ(outputs[2], outputs[0]);
 }
 
-// Which path a step takes: the CPU computes per sequence unless told otherwise, a window
-// keeps every device on the per-sequence path, and the paged kernel reads only float storage
-// of the compute dtype.
+// Which path a step takes: on the CPU decode steps take its paged kernel (every stored type
+// and window), on a GPU a window keeps the step on the per-sequence path and the paged kernel
+// reads only float storage of the compute dtype.
 TEST(AttentionBackend, PathFollowsDeviceStepAndPool) {
   const ModelConfig cfg = device_config();
   KvShape shape;
@@ -348,27 +348,32 @@ TEST(AttentionBackend, PathFollowsDeviceStepAndPool) {
   const StepContext ctx = make_step_context(decode, 16);
   ASSERT_TRUE(ctx.decode_only);
   const at::Tensor q = at::zeros({2, cfg.num_heads, cfg.head_dim});
-  EXPECT_EQ(choose_attention_path(q, pool, decode, ctx, std::nullopt), AttentionPath::kPerSequence);
-  EXPECT_EQ(choose_attention_path(q, pool, decode, ctx, AttentionPath::kPagedDecode), AttentionPath::kPagedDecode);
-  EXPECT_EQ(choose_attention_path(q, q8, decode, ctx, AttentionPath::kPagedDecode), AttentionPath::kPerSequence);
+  EXPECT_EQ(choose_attention_path(q, pool, decode, ctx, std::nullopt), AttentionPath::kPagedDecode);
+  EXPECT_EQ(choose_attention_path(q, pool, decode, ctx, AttentionPath::kPerSequence), AttentionPath::kPerSequence);
+  EXPECT_EQ(choose_attention_path(q, q8, decode, ctx, AttentionPath::kPagedDecode), AttentionPath::kPagedDecode);
+  EXPECT_EQ(choose_attention_path(at::kFloat, cfg.head_dim, /*on_gpu=*/true, q8, decode, AttentionPath::kPagedDecode),
+            AttentionPath::kPerSequence);
   EXPECT_EQ(choose_attention_path(q, pool, decode, ctx, AttentionPath::kVarlen), AttentionPath::kVarlen);
   StepBatch windowed = decode;
   windowed.window_recent = 4;
-  EXPECT_EQ(choose_attention_path(q, pool, windowed, ctx, AttentionPath::kPagedDecode), AttentionPath::kPerSequence);
-  EXPECT_EQ(choose_attention_path(q, pool, windowed, ctx, AttentionPath::kVarlen), AttentionPath::kPerSequence);
-  // Soft-capped scores or sliding-window layers (Gemma 2) the batched paths do not compute:
-  // such a model's steps take the per-sequence path whatever is preferred, on a GPU too.
+  EXPECT_EQ(choose_attention_path(q, pool, windowed, ctx, AttentionPath::kPagedDecode), AttentionPath::kPagedDecode);
+  EXPECT_EQ(choose_attention_path(at::kFloat, cfg.head_dim, /*on_gpu=*/true, pool, windowed, AttentionPath::kPagedDecode),
+            AttentionPath::kPerSequence);
+  EXPECT_EQ(choose_attention_path(q, pool, windowed, ctx, AttentionPath::kVarlen), AttentionPath::kPagedDecode);
+  // Soft-capped scores or sliding-window layers (Gemma 2) the GPU's batched kernels do not
+  // compute: such a model's steps take the per-sequence path there whatever is preferred; the
+  // CPU's paged kernel computes them.
   EXPECT_EQ(choose_attention_path(q, pool, decode, ctx, AttentionPath::kPagedDecode, /*masked_or_capped=*/true),
-            AttentionPath::kPerSequence);
+            AttentionPath::kPagedDecode);
   EXPECT_EQ(choose_attention_path(q, pool, decode, ctx, AttentionPath::kVarlen, /*masked_or_capped=*/true),
-            AttentionPath::kPerSequence);
+            AttentionPath::kPagedDecode);
   for (const bool on_gpu : {false, true})
     for (const at::ScalarType dtype : {at::kFloat, at::kHalf})
       for (const std::optional<AttentionPath> preferred :
            {std::optional<AttentionPath>(), std::optional<AttentionPath>(AttentionPath::kPagedDecode),
             std::optional<AttentionPath>(AttentionPath::kVarlen)})
         EXPECT_EQ(choose_attention_path(dtype, 128, on_gpu, pool, decode, preferred, /*masked_or_capped=*/true),
-                  AttentionPath::kPerSequence);
+                  !on_gpu && dtype == at::kFloat ? AttentionPath::kPagedDecode : AttentionPath::kPerSequence);
   // ... where a plain model's decode step on a GPU takes the paged kernel.
   EXPECT_EQ(choose_attention_path(at::kFloat, 128, /*on_gpu=*/true, pool, decode, std::nullopt),
             AttentionPath::kPagedDecode);
@@ -405,14 +410,16 @@ TEST(AttentionBackend, KeyIndicesOnlyForThePathsThatReadThem) {
   EXPECT_FALSE(attention_reads_keys(AttentionPath::kPagedDecode));
   EXPECT_TRUE(attention_reads_keys(AttentionPath::kVarlen));
   EXPECT_TRUE(attention_reads_keys(AttentionPath::kPerSequence));
-  shard.set_attention_path(std::nullopt);  // the CPU's own path: per sequence
+  shard.set_attention_path(std::nullopt);  // the CPU's own path for decode: its paged kernel
+  EXPECT_FALSE(shard.step_reads_keys(pool, decode));
+  shard.set_attention_path(AttentionPath::kPerSequence);
   EXPECT_TRUE(shard.step_reads_keys(pool, decode));
   shard.set_attention_path(AttentionPath::kVarlen);
   EXPECT_TRUE(shard.step_reads_keys(pool, decode));
   shard.set_attention_path(AttentionPath::kPagedDecode);
   EXPECT_FALSE(shard.step_reads_keys(pool, decode));
   EXPECT_TRUE(shard.step_reads_keys(pool, prefill));
-  EXPECT_TRUE(shard.step_reads_keys(pool, windowed));
+  EXPECT_FALSE(shard.step_reads_keys(pool, windowed));  // the CPU's kernel reads windows too
   // run_stage builds the lean context for the paged decode step, and the step computes.
   BlockPool run_pool(shard.kv_shape(16), 8, at::kFloat, at::kCPU);
   EXPECT_NO_THROW(run_stage(shard, run_pool, decode, {}));
