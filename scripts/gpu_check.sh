@@ -738,7 +738,7 @@ check_paths() {
     paged=$(get paged_calls "$fg") want=$((${steps:-0} * $(get cached_layers "$fg")))
     local st=info
     [ "$paged" = "$want" ] && [ "$want" -gt 0 ] || st=fail
-    record "$name" "n/a on the CPU (no graphs)" "all" "$st" "eager steps instead: paged reference $paged of $want layer calls"
+    record "$name" "n/a on the CPU (no graphs)" "all" "$st" "eager steps instead: paged kernel $paged of $want layer calls"
   else
     record "$name" "none: no graphs made" "all" fail "runtime.cuda_graphs: true made no DecodeGraphs"
   fi

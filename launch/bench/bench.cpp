@@ -495,6 +495,7 @@ ordered_json bench_machine_json() {
                       {"cpu", cpu_model()},
                       {"cpu_features", describe_cpu_features()},
                       {"cpu_kernels", dot_kernel_isa()},
+                      {"cpu_float_kernels", float_kernel_isa()},
                       {"cores", std::thread::hardware_concurrency()},
                       {"memory_bytes", host_memory_bytes()},
                       {"gpus", at::detail::getCUDAHooks().getNumGPUs()},

@@ -5,6 +5,7 @@
 // the float types' decoding and Q8_0 quantisation against the gguf package's
 // (tests/peer/gguf_legacy_reference.py; the block types' decoding is in
 // test_quant_gguf_reference.cpp).
+#include "engine/kernels/cpu/cpu_features.h"
 #include "engine/kernels/cpu/half_convert.h"
 #include "engine/kernels/cpu/quant_impl.h"
 #include "engine/kernels/cpu/quant_types.h"
@@ -229,6 +230,31 @@ TEST(QuantLegacy, KernelsMatchFloat64ReferenceOnEveryShapeAndInputCount) {
       if (HasFatalFailure()) return;
     }
   }
+}
+
+// The float types' AVX-512 kernels, on the processors that run them (the AVX-512 probe of
+// cpu_features.h passed), against the float64 reference on every shape and input count, and
+// what dot_kernel hands out there; skipped, with the probe's word, elsewhere.
+TEST(QuantLegacy, FloatAvx512KernelsMatchFloat64ReferenceWhereTheProcessorRunsThem) {
+  if (!quant_impl::use_avx512())
+    GTEST_SKIP() << "the float AVX-512 kernels do not run here: avx512 "
+                 << probe_cpu_feature(CpuFeature::kAvx512).describe() << ", KVPIPE_CPU_KERNELS "
+                 << (std::getenv("KVPIPE_CPU_KERNELS") ? std::getenv("KVPIPE_CPU_KERNELS") : "unset");
+  EXPECT_STREQ(float_kernel_isa(), "avx512");
+  uint32_t seed = 500;
+  int checked = 0;
+  for (const KernelCase& k : kernel_cases()) {
+    if (is_block_type(k.type)) continue;
+    const DotKernel avx512 = quant_impl::float_avx512_kernel(k.type);
+    ASSERT_NE(avx512, nullptr) << quant_name(k.type);
+    EXPECT_EQ(dot_kernel(k.type), avx512) << quant_name(k.type);
+    for (int inputs = 1; inputs <= kMaxKernelInputs; ++inputs, ++checked) {
+      check_kernel(avx512, "avx512", k, inputs, ++seed);
+      if (HasFatalFailure()) return;
+    }
+  }
+  EXPECT_GT(checked, 0);
+  EXPECT_EQ(quant_impl::float_avx512_kernel(QuantType::Q8_0), nullptr);
 }
 
 // quant_matmul hands a row to groups of different sizes; its result must not depend on that.

@@ -18,6 +18,13 @@ inline constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22,
 // F16C) are usable on this processor (cpu_features.h: advertised, enabled by the OS, and a
 // trial ran) and KVPIPE_CPU_KERNELS is not "portable". Decided once.
 bool use_avx2();
+// Whether the float types' AVX-512 kernels run: use_avx2(), the AVX-512 probe passed, and
+// KVPIPE_CPU_KERNELS is not "avx2" (which keeps every kernel at AVX2). Decided once.
+bool use_avx512();
+
+// F32, F16, BF16 rows on AVX-512 (quant_float_avx512.cpp); nullptr for other types or where
+// the build has no x86 vector code.
+DotKernel float_avx512_kernel(QuantType type);
 
 // F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; activations F32, Q8_0, Q8_1.
 void legacy_dequantize_row(QuantType type, const void* src, float* dst, int64_t cols);

@@ -20,13 +20,25 @@ constexpr QuantType kAllTypes[] = {QuantType::F32,  QuantType::F16,  QuantType::
 }  // namespace
 
 // KVPIPE_CPU_KERNELS=portable forces the portable kernels (to compare, or to rule the vector
-// code out when a result looks wrong).
+// code out when a result looks wrong); =avx2 keeps the float types off AVX-512.
+namespace {
+std::string kernels_env() {
+  const char* env = std::getenv("KVPIPE_CPU_KERNELS");
+  return env == nullptr ? "" : env;
+}
+}  // namespace
+
 bool quant_impl::use_avx2() {
   static const bool use = [] {
-    const char* env = std::getenv("KVPIPE_CPU_KERNELS");
-    const bool force_portable = env != nullptr && std::string(env) == "portable";
+    const bool force_portable = kernels_env() == "portable";
     return std::string(choose_kernel_isa(probe_cpu_feature(CpuFeature::kAvx2Fma), force_portable)) == "avx2";
   }();
+  return use;
+}
+
+bool quant_impl::use_avx512() {
+  static const bool use =
+      use_avx2() && kernels_env() != "avx2" && probe_cpu_feature(CpuFeature::kAvx512).usable();
   return use;
 }
 
@@ -88,6 +100,8 @@ DotKernel portable_dot_kernel(QuantType type) {
 }
 
 DotKernel dot_kernel(QuantType type) {
+  if (quant_impl::use_avx512())
+    if (const DotKernel k = quant_impl::float_avx512_kernel(type)) return k;
   if (quant_impl::use_avx2()) {
     const DotKernel k = is_k_type(type) ? quant_impl::k_avx2_kernel(type) : quant_impl::legacy_avx2_kernel(type);
     if (k != nullptr) return k;
@@ -96,5 +110,9 @@ DotKernel dot_kernel(QuantType type) {
 }
 
 const char* dot_kernel_isa() { return quant_impl::use_avx2() ? "avx2" : "portable"; }
+
+const char* float_kernel_isa() {
+  return quant_impl::use_avx512() ? "avx512" : quant_impl::use_avx2() ? "avx2" : "portable";
+}
 
 }  // namespace kvpipe

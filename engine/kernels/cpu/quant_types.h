@@ -75,7 +75,9 @@ using DotKernel = void (*)(const uint8_t* w, int64_t w_stride, const uint8_t* x,
 DotKernel dot_kernel(QuantType type);
 // The portable kernel for `type` (the reference the vector kernels are tested against).
 DotKernel portable_dot_kernel(QuantType type);
-// "avx2" or "portable": the kernel set dot_kernel chose.
+// "avx2" or "portable": the kernel set dot_kernel chose for the block types.
 const char* dot_kernel_isa();
+// "avx512", "avx2" or "portable": the one it chose for the float types (F32, F16, BF16).
+const char* float_kernel_isa();
 
 }  // namespace kvpipe
