@@ -14,6 +14,11 @@
 
 extern "C" void openblas_set_num_threads(int);
 extern "C" char* openblas_get_corename(void);
+// LibTorch's MKL and OpenMP, weak so that a LibTorch without them still links. MKL's C entry
+// point (mkl_service.h maps mkl_set_num_threads_local to it; the lowercase symbol is the
+// Fortran one, which takes a pointer).
+extern "C" int MKL_Set_Num_Threads_Local(int) __attribute__((weak));
+extern "C" void omp_set_num_threads(int) __attribute__((weak));
 
 namespace kvpipe {
 namespace {
@@ -80,8 +85,15 @@ void sgemm_on_this_thread(bool trans_a, bool trans_b, int64_t n, int64_t m, int6
     return;
   }
   // LibTorch's MKL through views of the caller's memory: at::mm hands MKL the leading
-  // dimensions as they are. LibTorch's intra-op threads are kept at one (job_runner), so the
-  // call runs on this thread.
+  // dimensions as they are. MKL's thread count is per calling thread here: at::set_num_threads
+  // (job_runner keeps it at one) reaches only the thread that calls it, and a pool thread would
+  // otherwise start an OpenMP team of OMP_NUM_THREADS (or of every core) inside each slice.
+  thread_local const bool single = [] {
+    if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(1);
+    if (omp_set_num_threads != nullptr) omp_set_num_threads(1);
+    return true;
+  }();
+  (void)single;
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   const auto view = [&](const float* p, int64_t rows, int64_t cols, int64_t ld, bool transposed) {
     float* data = const_cast<float*>(p);
