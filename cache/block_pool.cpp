@@ -86,6 +86,20 @@ at::Tensor BlockPool::values(int64_t layer) const {
   return storage_[1][layer];
 }
 
+const void* BlockPool::stored_data(int which, int64_t layer) const {
+  const int64_t layer_values = num_blocks_ * shape_.block_size * shape_.num_kv_heads * shape_.head_dim;
+  return static_cast<const char*>(storage_.data_ptr()) +
+         (which * shape_.num_layers + layer) * layer_values * static_cast<int64_t>(storage_.element_size());
+}
+
+const uint16_t* BlockPool::stored_scales(int which, int64_t layer) const {
+  if (!scales_.defined()) return nullptr;
+  const int64_t layer_groups = num_blocks_ * shape_.block_size * shape_.num_kv_heads * (shape_.head_dim / kQ8Group);
+  return static_cast<const uint16_t*>(scales_.data_ptr()) + (which * shape_.num_layers + layer) * layer_groups;
+}
+
+at::Device BlockPool::device() const { return storage_.device(); }
+
 at::Tensor BlockPool::gather(int which, int64_t layer, const at::Tensor& slots) const {
   const at::Tensor rows = storage_[which][layer].index_select(0, slots);
   if (shape_.dtype != KvDtype::kQ8_0) return rows.scalar_type() == compute_dtype_ ? rows : rows.to(compute_dtype_);

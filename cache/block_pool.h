@@ -66,10 +66,12 @@ class BlockPool {
   at::Tensor values(int64_t layer) const;
 
   // Layer `layer` of K (which 0) or V (which 1) as stored, [slots, kv_heads, head_dim] (int8
-  // for q8_0), and q8_0's float16 scales [slots, kv_heads, head_dim / 32]: what kernels that
-  // read the pool in place take.
-  at::Tensor stored(int which, int64_t layer) const { return storage_[which][layer]; }
-  at::Tensor stored_scales(int which, int64_t layer) const { return scales_.defined() ? scales_[which][layer] : at::Tensor(); }
+  // for q8_0), and q8_0's float16 scales [slots, kv_heads, head_dim / 32] (nullptr for the
+  // float types): what kernels that read the pool in place take, every layer of every step,
+  // so they are offsets into the one storage tensor rather than views of it.
+  const void* stored_data(int which, int64_t layer) const;
+  const uint16_t* stored_scales(int which, int64_t layer) const;
+  at::Device device() const;
 
   // K and V of layer `layer` at `slots` (int64 [n]), decoded to the compute dtype:
   // [n, kv_heads, head_dim].

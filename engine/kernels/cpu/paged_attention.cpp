@@ -212,7 +212,11 @@ template <class Ops>
 void run(const float* q, int64_t num_seqs, int64_t num_heads, const PagedKvLayer& kv, const int32_t* block_tables,
          int64_t max_blocks, const int32_t* context_lens, const PagedDecodeWindow& window, float scale, float* out) {
   const int64_t hd = kv.head_dim, kvh = kv.kv_heads, group = num_heads / kvh;
-  std::vector<VisibleKeys> visible(static_cast<size_t>(num_seqs));
+  // Reused from call to call; the pool's threads reach it through `seen` (a lambda naming a
+  // thread_local would see each thread's own).
+  thread_local std::vector<VisibleKeys> visible;
+  visible.resize(static_cast<size_t>(num_seqs));
+  const VisibleKeys* seen = visible.data();
   int64_t parts = 1;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t len = context_lens[s];
@@ -235,13 +239,13 @@ void run(const float* q, int64_t num_seqs, int64_t num_heads, const PagedKvLayer
     for (int64_t item = first; item < last; ++item) {
       const int64_t s = item / (kvh * parts), h = item / parts % kvh, p = item % parts;
       float* m = part + item * item_floats;
-      const int64_t begin = p * kPartition, end = std::min(visible[s].count(), begin + kPartition);
+      const int64_t begin = p * kPartition, end = std::min(seen[s].count(), begin + kPartition);
       if (begin >= end) {
         for (int64_t g = 0; g < group; ++g) m[g] = -std::numeric_limits<float>::infinity(), m[group + g] = 0.0f;
         continue;
       }
       attend_partition<Ops>(q + (s * num_heads + h * group) * hd, group, kv, h, block_tables + s * max_blocks,
-                            max_blocks, visible[s], begin, end, window, scale, m, m + group, m + 2 * group,
+                            max_blocks, seen[s], begin, end, window, scale, m, m + group, m + 2 * group,
                             scratch);
     }
   });
@@ -272,14 +276,11 @@ PagedKvLayer paged_kv_layer(const BlockPool& pool, int64_t layer) {
   PagedKvLayer kv;
   const KvShape& shape = pool.shape();
   kv.dtype = pool.dtype();
-  const at::Tensor keys = pool.stored(0, layer), values = pool.stored(1, layer);
-  if (!keys.is_cpu()) throw std::logic_error("paged_kv_layer: the pool is not on the CPU");
-  kv.keys = keys.data_ptr();
-  kv.values = values.data_ptr();
-  if (kv.dtype == KvDtype::kQ8_0) {
-    kv.key_scales = static_cast<const uint16_t*>(pool.stored_scales(0, layer).data_ptr());
-    kv.value_scales = static_cast<const uint16_t*>(pool.stored_scales(1, layer).data_ptr());
-  }
+  if (!pool.device().is_cpu()) throw std::logic_error("paged_kv_layer: the pool is not on the CPU");
+  kv.keys = pool.stored_data(0, layer);
+  kv.values = pool.stored_data(1, layer);
+  kv.key_scales = pool.stored_scales(0, layer);
+  kv.value_scales = pool.stored_scales(1, layer);
   kv.kv_heads = shape.num_kv_heads;
   kv.head_dim = shape.head_dim;
   kv.block_size = shape.block_size;
