@@ -1,5 +1,7 @@
 #include "parallel/pipeline_channel.h"
 
+#include "parallel/mpi_wait.h"
+
 #include <ATen/ATen.h>
 #include <mpi.h>
 
@@ -66,7 +68,7 @@ void PipelineChannel::send(int peer, const std::vector<int64_t>& header, const a
 Message PipelineChannel::recv(int peer) {
   const auto t0 = Clock::now();
   MPI_Status status;
-  MPI_Probe(peer, kHeaderTag, MPI_COMM_WORLD, &status);
+  probe_without_spinning(peer, kHeaderTag, MPI_COMM_WORLD, &status);
   const auto t1 = Clock::now();
   if (start_pending_) {
     start();

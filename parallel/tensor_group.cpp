@@ -1,5 +1,7 @@
 #include "parallel/tensor_group.h"
 
+#include "parallel/mpi_wait.h"
+
 #include <ATen/ATen.h>
 #include <mpi.h>
 
@@ -72,7 +74,10 @@ Message TensorGroup::broadcast(const Message& message) {
       for (int64_t d = 0; d < payload.dim(); ++d) meta[4 + d] = payload.size(d);
     }
   }
-  MPI_Bcast(meta, kMetaWords, MPI_INT64_T, 0, as_comm(comm_));
+  // The followers wait here for the leader's next step, however long the server idles.
+  MPI_Request request;
+  MPI_Ibcast(meta, kMetaWords, MPI_INT64_T, 0, as_comm(comm_), &request);
+  wait_without_spinning(&request);
   Message out;
   out.header = is_leader() ? message.header : std::vector<int64_t>(static_cast<size_t>(meta[0]));
   if (meta[0] > 0) MPI_Bcast(out.header.data(), static_cast<int>(meta[0]), MPI_INT64_T, 0, as_comm(comm_));

@@ -68,7 +68,7 @@ class StopMpi : public ::testing::Test {
     job << "model: {path: \"dummy:tiny\"}\nruntime: {threads: 1}\ncache: {memory: 16MiB}\n"
         << "scheduler: {max_batch: 4}\nsampling: {ignore_eos: true}\nrequests:\n";
     for (int i = 0; i < kRequests; ++i)
-      job << "  - {prompt_ids: [" << 1 + i << ", " << 7 * i % 500 << ", 3], max_new_tokens: " << 8 + 16 * i << "}\n";
+      job << "  - {prompt_ids: [" << 1 + i << ", " << 7 * i % 500 << ", 3], max_new_tokens: " << 8 + 40 * i << "}\n";
     job.close();
     const CommandResult one = kvpipe::testing::run_command(
         std::string(KVPIPE_BINARY) + " generate --log-level error --config " + config(), *dir_);
