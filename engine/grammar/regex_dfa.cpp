@@ -1,0 +1,572 @@
+#include "engine/grammar/regex_dfa.h"
+
+#include "engine/text/unicode_text.h"
+
+#include <algorithm>
+#include <bitset>
+#include <cctype>
+#include <deque>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <utility>
+
+namespace kvpipe {
+namespace {
+
+using ByteSet = std::bitset<256>;
+
+// A parsed pattern: one byte out of a set, a sequence, alternatives, or a repetition.
+struct Node {
+  enum Kind { kSet, kSeq, kAlt, kRepeat } kind = kSeq;
+  ByteSet set;
+  std::vector<Node> kids;
+  int min = 0, max = -1;  // kRepeat; max -1: unbounded
+};
+
+constexpr int kMaxRepeat = 1000;
+constexpr size_t kMaxNfaNodes = 200000;
+
+Node set_node(const ByteSet& s) {
+  Node n;
+  n.kind = Node::kSet;
+  n.set = s;
+  return n;
+}
+
+Node seq_node(std::vector<Node> kids) {
+  Node n;
+  n.kind = Node::kSeq;
+  n.kids = std::move(kids);
+  return n;
+}
+
+Node alt_node(std::vector<Node> kids) {
+  if (kids.size() == 1) return std::move(kids[0]);
+  Node n;
+  n.kind = Node::kAlt;
+  n.kids = std::move(kids);
+  return n;
+}
+
+ByteSet byte_range(int lo, int hi) {
+  ByteSet s;
+  for (int b = lo; b <= hi; ++b) s.set(static_cast<size_t>(b));
+  return s;
+}
+
+Node bytes_node(std::initializer_list<std::pair<int, int>> ranges) {
+  std::vector<Node> kids;
+  for (const auto& [lo, hi] : ranges) kids.push_back(set_node(byte_range(lo, hi)));
+  return seq_node(std::move(kids));
+}
+
+// Every well-formed UTF-8 sequence of two to four bytes (a character outside ASCII).
+Node multibyte_char() {
+  return alt_node({bytes_node({{0xC2, 0xDF}, {0x80, 0xBF}}),
+                   bytes_node({{0xE0, 0xE0}, {0xA0, 0xBF}, {0x80, 0xBF}}),
+                   bytes_node({{0xE1, 0xEC}, {0x80, 0xBF}, {0x80, 0xBF}}),
+                   bytes_node({{0xED, 0xED}, {0x80, 0x9F}, {0x80, 0xBF}}),
+                   bytes_node({{0xEE, 0xEF}, {0x80, 0xBF}, {0x80, 0xBF}}),
+                   bytes_node({{0xF0, 0xF0}, {0x90, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}}),
+                   bytes_node({{0xF1, 0xF3}, {0x80, 0xBF}, {0x80, 0xBF}, {0x80, 0xBF}}),
+                   bytes_node({{0xF4, 0xF4}, {0x80, 0x8F}, {0x80, 0xBF}, {0x80, 0xBF}})});
+}
+
+Node literal(const std::string& bytes) {
+  std::vector<Node> kids;
+  for (unsigned char c : bytes) {
+    ByteSet s;
+    s.set(c);
+    kids.push_back(set_node(s));
+  }
+  return seq_node(std::move(kids));
+}
+
+const ByteSet kAscii = byte_range(0, 0x7F);
+
+ByteSet digit_set() { return byte_range('0', '9'); }
+ByteSet word_set() { return byte_range('a', 'z') | byte_range('A', 'Z') | byte_range('0', '9') | byte_range('_', '_'); }
+ByteSet space_set() {
+  ByteSet s;
+  for (char c : std::string(" \t\n\r\f\v")) s.set(static_cast<unsigned char>(c));
+  return s;
+}
+
+class Parser {
+ public:
+  explicit Parser(const std::string& pattern) : p_(pattern) {}
+
+  Node parse() {
+    if (i_ < p_.size() && p_[i_] == '^') ++i_;
+    Node n = parse_alt();
+    if (i_ < p_.size()) fail(p_[i_] == ')' ? "an unmatched ')'" : "an unexpected character");
+    return n;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw std::invalid_argument(what + " at position " + std::to_string(i_) + " of the regular expression");
+  }
+
+  bool at_end() const { return i_ >= p_.size(); }
+  // '$' that ends the pattern or the group it closes the last alternative of.
+  bool is_end_anchor() const {
+    return p_[i_] == '$' && (i_ + 1 == p_.size());
+  }
+
+  Node parse_alt() {
+    std::vector<Node> alts = {parse_seq()};
+    while (!at_end() && p_[i_] == '|') {
+      ++i_;
+      alts.push_back(parse_seq());
+    }
+    return alt_node(std::move(alts));
+  }
+
+  Node parse_seq() {
+    std::vector<Node> items;
+    while (!at_end() && p_[i_] != '|' && p_[i_] != ')') {
+      if (is_end_anchor()) {
+        ++i_;
+        break;
+      }
+      Node atom = parse_atom();
+      items.push_back(parse_quantifiers(std::move(atom)));
+    }
+    return seq_node(std::move(items));
+  }
+
+  // {n}, {n,}, {n,m} at i_, or false (then '{' is a literal, as in Python).
+  bool read_braces(int* lo, int* hi) {
+    size_t j = i_ + 1;
+    auto number = [&](int* out) {
+      const size_t begin = j;
+      long v = 0;
+      while (j < p_.size() && std::isdigit(static_cast<unsigned char>(p_[j]))) {
+        v = std::min<long>(v * 10 + (p_[j] - '0'), 1L << 30);
+        ++j;
+      }
+      *out = static_cast<int>(v);
+      return j > begin;
+    };
+    int a = 0, b = -1;
+    const bool has_a = number(&a);
+    if (j < p_.size() && p_[j] == '}') {
+      if (!has_a) return false;
+      b = a;
+    } else if (j < p_.size() && p_[j] == ',') {
+      ++j;
+      if (!number(&b)) b = -1;
+      if (j >= p_.size() || p_[j] != '}') return false;
+      if (!has_a) a = 0;
+    } else {
+      return false;
+    }
+    i_ = j + 1;
+    *lo = a;
+    *hi = b;
+    return true;
+  }
+
+  Node parse_quantifiers(Node atom) {
+    for (bool repeated = false;; repeated = true) {
+      if (at_end()) return atom;
+      int lo = 0, hi = -1;
+      const char c = p_[i_];
+      if (c == '*') {
+        ++i_;
+      } else if (c == '+') {
+        lo = 1;
+        ++i_;
+      } else if (c == '?') {
+        hi = 1;
+        ++i_;
+      } else if (c == '{' && read_braces(&lo, &hi)) {
+        if (hi >= 0 && hi < lo) fail("a repetition {n,m} with m < n");
+      } else {
+        return atom;
+      }
+      if (repeated) fail("a quantifier after a quantifier (multiple repeat)");
+      if (lo > kMaxRepeat || hi > kMaxRepeat) fail("a repetition above " + std::to_string(kMaxRepeat));
+      if (!at_end() && p_[i_] == '?') ++i_;  // lazy: the same language
+      if (!at_end() && p_[i_] == '+') fail("a possessive quantifier");
+      Node r;
+      r.kind = Node::kRepeat;
+      r.min = lo;
+      r.max = hi;
+      r.kids.push_back(std::move(atom));
+      atom = std::move(r);
+    }
+  }
+
+  uint32_t hex(size_t digits) {
+    if (i_ + digits > p_.size()) fail("a short \\x or \\u escape");
+    uint32_t v = 0;
+    for (size_t k = 0; k < digits; ++k) {
+      const char c = p_[i_ + k];
+      if (!std::isxdigit(static_cast<unsigned char>(c))) fail("a bad hexadecimal escape");
+      v = v * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(c)) ? c - '0' : (std::tolower(c) - 'a' + 10));
+    }
+    i_ += digits;
+    if (v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) fail("an escape that is not a Unicode scalar value");
+    return v;
+  }
+
+  // The character (code point) of a UTF-8 sequence at i_.
+  uint32_t read_char() {
+    const unsigned char c = static_cast<unsigned char>(p_[i_]);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (len == 0 || i_ + len > p_.size()) fail("invalid UTF-8");
+    uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
+    for (size_t k = 1; k < len; ++k) {
+      const unsigned char d = static_cast<unsigned char>(p_[i_ + k]);
+      if ((d >> 6) != 2) fail("invalid UTF-8");
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    i_ += len;
+    return cp;
+  }
+
+  // An escape at i_ (just past the backslash): a set of ASCII bytes (`*set`) or a character.
+  // Returns true for a set.
+  bool read_escape(ByteSet* set, uint32_t* cp) {
+    if (at_end()) fail("a trailing backslash");
+    const char c = p_[i_];
+    switch (c) {
+      case 'd': ++i_; *set = digit_set(); return true;
+      case 'w': ++i_; *set = word_set(); return true;
+      case 's': ++i_; *set = space_set(); return true;
+      case 'D': ++i_; *set = kAscii & ~digit_set(); return true;
+      case 'W': ++i_; *set = kAscii & ~word_set(); return true;
+      case 'S': ++i_; *set = kAscii & ~space_set(); return true;
+      case 'n': ++i_; *cp = '\n'; return false;
+      case 't': ++i_; *cp = '\t'; return false;
+      case 'r': ++i_; *cp = '\r'; return false;
+      case 'f': ++i_; *cp = '\f'; return false;
+      case 'v': ++i_; *cp = '\v'; return false;
+      case '0': ++i_; *cp = 0; return false;
+      case 'x': ++i_; *cp = hex(2); return false;
+      case 'u': ++i_; *cp = hex(4); return false;
+      case 'U': ++i_; *cp = hex(8); return false;
+      default: break;
+    }
+    if (std::isalnum(static_cast<unsigned char>(c))) fail(std::string("the escape \\") + c + " (not supported)");
+    *cp = read_char();
+    return false;
+  }
+
+  Node parse_class() {
+    ++i_;  // '['
+    bool negated = false;
+    if (!at_end() && p_[i_] == '^') {
+      negated = true;
+      ++i_;
+    }
+    ByteSet ascii;
+    std::vector<uint32_t> others;
+    bool first = true;
+    for (;;) {
+      if (at_end()) fail("an unterminated [");
+      if (p_[i_] == ']' && !first) {
+        ++i_;
+        break;
+      }
+      first = false;
+      uint32_t lo = 0;
+      ByteSet s;
+      if (p_[i_] == '\\') {
+        ++i_;
+        if (read_escape(&s, &lo)) {
+          ascii |= s;
+          continue;
+        }
+      } else {
+        lo = read_char();
+      }
+      uint32_t hi = lo;
+      if (i_ + 1 < p_.size() && p_[i_] == '-' && p_[i_ + 1] != ']') {
+        ++i_;
+        if (p_[i_] == '\\') {
+          ++i_;
+          if (read_escape(&s, &hi)) fail("a class escape as the end of a range");
+        } else {
+          hi = read_char();
+        }
+        if (hi < lo) fail("a range whose end is below its start");
+        if (hi >= 0x80) fail("a range of characters outside ASCII");
+      }
+      if (hi < 0x80) ascii |= byte_range(static_cast<int>(lo), static_cast<int>(hi));
+      else others.push_back(lo);
+    }
+    // A negated class stands for the ASCII characters outside it: a subset of Python's
+    // meaning (which also takes every other character), so no match of ours is one Python
+    // refuses.
+    if (negated) return set_node(kAscii & ~ascii);
+    std::vector<Node> alts;
+    if (ascii.any()) alts.push_back(set_node(ascii));
+    for (uint32_t cp : others) alts.push_back(literal(text::codepoint_to_utf8(cp)));
+    if (alts.empty()) fail("an empty class");
+    return alt_node(std::move(alts));
+  }
+
+  Node parse_atom() {
+    const char c = p_[i_];
+    if (c == '(') {
+      ++i_;
+      if (!at_end() && p_[i_] == '?') {
+        if (i_ + 1 < p_.size() && p_[i_ + 1] == ':') {
+          i_ += 2;
+        } else if (i_ + 2 < p_.size() && p_[i_ + 1] == 'P' && p_[i_ + 2] == '<') {
+          const size_t close = p_.find('>', i_);
+          if (close == std::string::npos) fail("an unterminated group name");
+          i_ = close + 1;
+        } else {
+          fail("lookaround, inline flags and other (?...) groups (not supported)");
+        }
+      }
+      Node inner = parse_alt();
+      if (at_end() || p_[i_] != ')') fail("an unterminated (");
+      ++i_;
+      return inner;
+    }
+    if (c == '[') return parse_class();
+    if (c == '.') {
+      ++i_;
+      return alt_node({set_node(kAscii & ~byte_range('\n', '\n')), multibyte_char()});
+    }
+    if (c == '\\') {
+      ++i_;
+      ByteSet s;
+      uint32_t cp = 0;
+      if (read_escape(&s, &cp)) return set_node(s);
+      return literal(text::codepoint_to_utf8(cp));
+    }
+    if (c == '*' || c == '+' || c == '?') fail("a quantifier with nothing to repeat");
+    if (c == '^' || c == '$') fail("an anchor inside the pattern (only ^ at the start and $ at the end)");
+    return literal(text::codepoint_to_utf8(read_char()));
+  }
+
+  const std::string& p_;
+  size_t i_ = 0;
+};
+
+// Thompson's construction: each node has at most one byte edge and any number of empty ones.
+struct Nfa {
+  std::vector<ByteSet> on;
+  std::vector<int> to;
+  std::vector<std::vector<int>> eps;
+
+  int add() {
+    if (on.size() >= kMaxNfaNodes) throw std::invalid_argument("the regular expression is too complex (its automaton)");
+    on.emplace_back();
+    to.push_back(-1);
+    eps.emplace_back();
+    return static_cast<int>(on.size()) - 1;
+  }
+
+  std::pair<int, int> emit(const Node& n) {
+    switch (n.kind) {
+      case Node::kSet: {
+        const int a = add(), b = add();
+        on[a] = n.set;
+        to[a] = b;
+        return {a, b};
+      }
+      case Node::kSeq: {
+        const int in = add();
+        int out = in;
+        for (const Node& k : n.kids) {
+          const auto [ki, ko] = emit(k);
+          eps[out].push_back(ki);
+          out = ko;
+        }
+        return {in, out};
+      }
+      case Node::kAlt: {
+        const int in = add(), out = add();
+        for (const Node& k : n.kids) {
+          const auto [ki, ko] = emit(k);
+          eps[in].push_back(ki);
+          eps[ko].push_back(out);
+        }
+        return {in, out};
+      }
+      case Node::kRepeat: {
+        const int in = add();
+        int out = in;
+        const Node& kid = n.kids[0];
+        for (int i = 0; i < n.min; ++i) {
+          const auto [ki, ko] = emit(kid);
+          eps[out].push_back(ki);
+          out = ko;
+        }
+        if (n.max < 0) {
+          const auto [ki, ko] = emit(kid);
+          const int end = add();
+          eps[out].push_back(ki);
+          eps[out].push_back(end);
+          eps[ko].push_back(ki);
+          eps[ko].push_back(end);
+          return {in, end};
+        }
+        // Optional copies, each reachable only after the one before it.
+        const int end = add();
+        for (int i = n.min; i < n.max; ++i) {
+          eps[out].push_back(end);
+          const auto [ki, ko] = emit(kid);
+          eps[out].push_back(ki);
+          out = ko;
+        }
+        eps[out].push_back(end);
+        return {in, end};
+      }
+    }
+    return {-1, -1};
+  }
+
+  std::vector<int> closure(std::vector<int> nodes) const {
+    std::vector<char> seen(on.size(), 0);
+    std::vector<int> stack = nodes, out;
+    while (!stack.empty()) {
+      const int x = stack.back();
+      stack.pop_back();
+      if (seen[x]) continue;
+      seen[x] = 1;
+      out.push_back(x);
+      for (int y : eps[x]) stack.push_back(y);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+};
+
+}  // namespace
+
+RegexDfa::RegexDfa(const std::string& pattern, int32_t max_states) {
+  const Node root = Parser(pattern).parse();
+  Nfa nfa;
+  const auto [in, final_node] = nfa.emit(root);
+
+  // Bytes that every byte edge treats alike share one class: the DFA is built per class.
+  std::vector<int> byte_class(256, 0);
+  int classes = 1;
+  std::set<std::string> distinct;
+  for (size_t n = 0; n < nfa.on.size(); ++n)
+    if (nfa.to[n] >= 0) distinct.insert(nfa.on[n].to_string());
+  for (const std::string& bits : distinct) {  // bits[255 - b] is byte b
+    std::vector<int> renumber(static_cast<size_t>(classes) * 2, -1);
+    int next = 0;
+    for (int b = 0; b < 256; ++b) {
+      int& slot = renumber[static_cast<size_t>(byte_class[b]) * 2 + (bits[255 - b] == '1')];
+      if (slot < 0) slot = next++;
+      byte_class[b] = slot;
+    }
+    classes = next;
+  }
+  std::vector<int> representative(classes, -1);
+  for (int b = 0; b < 256; ++b)
+    if (representative[byte_class[b]] < 0) representative[byte_class[b]] = b;
+
+  std::map<std::vector<int>, int32_t> ids;
+  std::vector<std::vector<int>> sets;
+  std::vector<std::vector<int32_t>> moves;  // [state][class]
+  auto id_of = [&](std::vector<int> set) {
+    const auto it = ids.find(set);
+    if (it != ids.end()) return it->second;
+    if (static_cast<int32_t>(sets.size()) >= max_states)
+      throw std::invalid_argument("the regular expression is too complex (more than " + std::to_string(max_states) +
+                                  " automaton states)");
+    const int32_t id = static_cast<int32_t>(sets.size());
+    ids.emplace(set, id);
+    sets.push_back(std::move(set));
+    return id;
+  };
+  id_of(nfa.closure({in}));
+  for (size_t s = 0; s < sets.size(); ++s) {
+    std::vector<int32_t> row(classes, kDead);
+    for (int c = 0; c < classes; ++c) {
+      std::vector<int> targets;
+      for (int n : sets[s])
+        if (nfa.to[n] >= 0 && nfa.on[n][representative[c]]) targets.push_back(nfa.to[n]);
+      if (!targets.empty()) row[c] = id_of(nfa.closure(std::move(targets)));
+    }
+    moves.push_back(std::move(row));
+  }
+
+  // Keep the states from which a match can still be reached; the others become kDead.
+  const size_t total = sets.size();
+  std::vector<std::vector<int32_t>> back(total);
+  std::vector<char> live(total, 0);
+  std::deque<int32_t> queue;
+  for (size_t s = 0; s < total; ++s) {
+    for (int32_t t : moves[s])
+      if (t >= 0) back[t].push_back(static_cast<int32_t>(s));
+    if (std::binary_search(sets[s].begin(), sets[s].end(), final_node)) {
+      live[s] = 1;
+      queue.push_back(static_cast<int32_t>(s));
+    }
+  }
+  while (!queue.empty()) {
+    const int32_t t = queue.front();
+    queue.pop_front();
+    for (int32_t s : back[t])
+      if (!live[s]) {
+        live[s] = 1;
+        queue.push_back(s);
+      }
+  }
+  if (!live[0]) throw std::invalid_argument("the regular expression matches nothing");
+  std::vector<int32_t> renumbered(total, kDead);
+  int32_t kept = 0;
+  for (size_t s = 0; s < total; ++s)
+    if (live[s]) renumbered[s] = kept++;
+  table_.assign(static_cast<size_t>(kept) * 256, kDead);
+  accepting_.assign(kept, 0);
+  continues_.assign(kept, 0);
+  for (size_t s = 0; s < total; ++s) {
+    const int32_t r = renumbered[s];
+    if (r < 0) continue;
+    accepting_[r] = std::binary_search(sets[s].begin(), sets[s].end(), final_node) ? 1 : 0;
+    for (int b = 0; b < 256; ++b) {
+      const int32_t t = moves[s][byte_class[b]];
+      const int32_t to = t < 0 ? kDead : renumbered[t];
+      table_[static_cast<size_t>(r) * 256 + b] = to;
+      if (to >= 0) continues_[r] = 1;
+    }
+  }
+}
+
+int32_t RegexDfa::walk(int32_t state, const std::string& bytes) const {
+  for (unsigned char c : bytes) {
+    if (state < 0) return kDead;
+    state = next(state, c);
+  }
+  return state;
+}
+
+bool RegexDfa::full_match(const std::string& text) const {
+  const int32_t s = walk(start(), text);
+  return s >= 0 && accepting(s);
+}
+
+std::string regex_escape(const std::string& text) {
+  static const std::string special = "\\.^$|?*+()[]{}-&~# \t\n\r\v\f";
+  std::string out;
+  for (char c : text) {
+    if (special.find(c) != std::string::npos) {
+      switch (c) {
+        case '\t': out += "\\t"; continue;
+        case '\n': out += "\\n"; continue;
+        case '\r': out += "\\r"; continue;
+        case '\v': out += "\\v"; continue;
+        case '\f': out += "\\f"; continue;
+        default: out += '\\';
+      }
+    }
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace kvpipe

@@ -1,0 +1,53 @@
+// RegexDfa: a regular expression compiled to a deterministic automaton over bytes, for
+// constrained decoding.
+//
+// kvpipe's own: PCRE2 (the packaged regex library) matches whole subjects, and its partial
+// matching cannot say cheaply which next bytes keep a match alive, which is what a token mask
+// over a 49,152-token vocabulary asks at every step; a DFA answers it with one table read per
+// byte. The syntax is the subset structured outputs use, with Python's `re` meaning, matched
+// as re.fullmatch: literal characters (UTF-8) and escapes (\n \t \r \f \v \xHH \uHHHH, \. and
+// every other escaped punctuation), the classes \d \w \s \D \W \S, `.` (any character but a
+// newline), [...] and [^...] (ranges of ASCII characters; other characters as members),
+// groups (...), (?:...) and (?P<name>...), alternation |, quantifiers * + ? {n} {n,} {n,m}
+// (also lazy: the language is the same), ^ at the start and $ at the end. Guarantees: every
+// string the automaton accepts is one Python's re.fullmatch accepts (\d, \w and \s and their
+// negations are their ASCII members, a subset of Python's Unicode ones), and is valid UTF-8;
+// every state is live (it can still reach a match), so a path never runs into a dead end.
+// Anything else (backreferences, lookaround, \b, inline flags) and a pattern that matches
+// nothing are std::invalid_argument naming what and where.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvpipe {
+
+class RegexDfa {
+ public:
+  static constexpr int32_t kDead = -1;
+
+  // Throws std::invalid_argument; more than `max_states` states is "too complex".
+  explicit RegexDfa(const std::string& pattern, int32_t max_states = 20000);
+
+  int32_t start() const { return 0; }
+  int32_t next(int32_t state, uint8_t byte) const { return table_[static_cast<size_t>(state) * 256 + byte]; }
+  bool accepting(int32_t state) const { return accepting_[state] != 0; }
+  // Some byte leads on from `state` (false: only the end of the text may follow).
+  bool continues(int32_t state) const { return continues_[state] != 0; }
+  int32_t num_states() const { return static_cast<int32_t>(accepting_.size()); }
+
+  // The state after `bytes` from `state`, or kDead.
+  int32_t walk(int32_t state, const std::string& bytes) const;
+  bool full_match(const std::string& text) const;
+
+ private:
+  std::vector<int32_t> table_;  // [state][byte] -> state or kDead
+  std::vector<uint8_t> accepting_, continues_;
+};
+
+// `text` with every character that is special in a regular expression escaped, so that the
+// pattern matches exactly `text` (as Python's re.escape).
+std::string regex_escape(const std::string& text);
+
+}  // namespace kvpipe

@@ -1,0 +1,147 @@
+// RegexDfa (regular expressions as byte automata) and TokenConstraint (the token masks they
+// give): matches against Python's re.fullmatch meaning, written out by hand, the refusals,
+// and the masks of a small vocabulary state by state.
+#include "engine/grammar/regex_dfa.h"
+#include "engine/grammar/token_constraint.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kvpipe {
+namespace {
+
+struct MatchCase {
+  const char* pattern;
+  std::vector<std::string> matches;
+  std::vector<std::string> misses;
+};
+
+TEST(RegexDfa, MatchesAsPythonsFullmatch) {
+  const std::vector<MatchCase> cases = {
+      {"abc", {"abc"}, {"", "ab", "abcd", "xabc"}},
+      {"a|bc|", {"a", "bc", ""}, {"b", "abc"}},
+      {"(ab)*c", {"c", "abc", "ababc"}, {"ab", "abac", "aabc"}},
+      {"a+b?", {"a", "aaab"}, {"", "b", "abb"}},
+      {"x{3}", {"xxx"}, {"xx", "xxxx"}},
+      {"x{2,}", {"xx", "xxxxx"}, {"x"}},
+      {"x{,2}y", {"y", "xy", "xxy"}, {"xxxy"}},
+      {"x{1,3}?", {"x", "xxx"}, {"", "xxxx"}},
+      {"\\d{3}-\\d{4}", {"555-1234"}, {"5551234", "55-1234", "abc-defg"}},
+      {"[a-c]+[^a-c]", {"abz", "c9"}, {"ab", "abc", "zz"}},
+      {"[-a]", {"-", "a"}, {"b"}},
+      {"[]a]", {"]", "a"}, {"b"}},
+      {"\\w+@\\w+\\.(com|org)", {"a_b@c9.com", "x@y.org"}, {"a@b.net", "@b.com", "a b@c.com"}},
+      {"\\s\\S", {" x", "\tA"}, {"  ", "xx"}},
+      {"^(?:yes|no)$", {"yes", "no"}, {"yesno", ""}},
+      {"(?P<year>\\d{4})-\\d\\d", {"2024-01"}, {"24-01"}},
+      {"\\{\"a\": \\d\\}", {"{\"a\": 7}"}, {"{\"a\": 77}"}},
+      {"caf\\u00e9|na\\xefve", {"caf\xc3\xa9", "na\xc3\xafve"}, {"cafe"}},
+      {"[é-]x", {"\xc3\xa9x", "-x"}, {"ex"}},
+      {".{2}", {"ab", "\xc3\xa9\xe4\xb8\xad", "\xf0\x9f\x98\x80z"}, {"a", "a\n", "\xc3", "\xc3\x28z"}},
+      {"a.c", {"abc", "a\xe2\x82\xac" "c"}, {"a\nc", "ac"}},
+      {"\\.\\*\\+\\?", {".*+?"}, {"a*+?"}},
+      {"x{a}", {"x{a}"}, {"xa"}},  // not a repetition: literal braces, as in Python
+  };
+  for (const MatchCase& c : cases) {
+    const RegexDfa dfa(c.pattern);
+    for (const std::string& m : c.matches) EXPECT_TRUE(dfa.full_match(m)) << c.pattern << " should match " << m;
+    for (const std::string& m : c.misses) EXPECT_FALSE(dfa.full_match(m)) << c.pattern << " should not match " << m;
+  }
+}
+
+TEST(RegexDfa, EveryStateCanStillReachAMatch) {
+  const RegexDfa dfa("a(b|c)d");
+  int32_t s = dfa.walk(dfa.start(), "a");
+  ASSERT_NE(s, RegexDfa::kDead);
+  EXPECT_FALSE(dfa.accepting(s));
+  EXPECT_TRUE(dfa.continues(s));
+  EXPECT_EQ(dfa.next(s, 'x'), RegexDfa::kDead);
+  s = dfa.walk(s, "cd");
+  EXPECT_TRUE(dfa.accepting(s));
+  EXPECT_FALSE(dfa.continues(s));
+  // A branch that can never finish is pruned: after "x" only "y" leads to a match.
+  const RegexDfa pruned("x(y|[^\\x00-\\x7f])");
+  EXPECT_NE(pruned.walk(pruned.start(), "xy"), RegexDfa::kDead);
+  for (int b = 0; b < 256; ++b)
+    if (b != 'y') EXPECT_EQ(pruned.next(pruned.walk(pruned.start(), "x"), static_cast<uint8_t>(b)), RegexDfa::kDead) << b;
+}
+
+TEST(RegexDfa, RefusesWhatItDoesNotSupportByName) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"(a", "unterminated ("},       {"a)", "unmatched ')'"},          {"[ab", "unterminated ["},
+      {"(?=a)", "lookaround"},        {"(?i)a", "inline flags"},        {"\\1", "\\1"},
+      {"\\bword", "\\b"},             {"*a", "nothing to repeat"},      {"a{3,1}", "m < n"},
+      {"a{5000}", "above 1000"},      {"[z-a]", "below its start"},     {"[a-é]", "outside ASCII"},
+      {"a^b", "anchor"},              {"[^\\x00-\\x7f]", "matches nothing"}, {"a++", "possessive"},
+      {"\xff", "UTF-8"},              {"(a{1000}){1000}", "too complex"}, {"a{2}{3}", "multiple repeat"},
+      {"a**", "multiple repeat"}};
+  for (const auto& [pattern, want] : cases) {
+    try {
+      RegexDfa dfa(pattern);
+      ADD_FAILURE() << pattern << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << pattern << ": " << e.what();
+    }
+  }
+}
+
+TEST(RegexDfa, EscapedTextMatchesItselfAlone) {
+  for (const std::string text : {"a.b*c", "(x|y)", "[1-2]{3}", "tab\there\nnew", "$5 ^ 2 \\ 3?", "a-b#c&d~e"}) {
+    const RegexDfa dfa(regex_escape(text));
+    EXPECT_TRUE(dfa.full_match(text)) << text;
+    EXPECT_FALSE(dfa.full_match(text + "x")) << text;
+  }
+}
+
+std::shared_ptr<TokenVocabulary> small_vocabulary() {
+  auto v = std::make_shared<TokenVocabulary>();
+  //          0: EOS (special)  1     2     3      4       5      6     7
+  v->bytes = {"",              "a", "b", "ab", "abc", " a",  "ba", "\xc3"};
+  v->eos_ids = {0};
+  return v;
+}
+
+std::vector<bool> allowed_after(const TokenConstraint& c, const std::vector<int64_t>& output, int64_t vocab) {
+  std::vector<float> logits(vocab, 1.0f);
+  c.mask(logits.data(), vocab, output.data(), static_cast<int64_t>(output.size()));
+  std::vector<bool> out;
+  for (float x : logits) out.push_back(std::isfinite(x));
+  return out;
+}
+
+TEST(TokenConstraint, MasksTokensByTheStateTheOutputReached) {
+  auto vocab = small_vocabulary();
+  const TokenConstraint c(std::make_shared<const RegexDfa>("(ab)+"), vocab);
+  // Start: "a" and "ab" begin a match; "abc" leaves it; EOS only at a whole match.
+  EXPECT_EQ(allowed_after(c, {}, 8), (std::vector<bool>{false, true, false, true, false, false, false, false}));
+  EXPECT_EQ(allowed_after(c, {1}, 8), (std::vector<bool>{false, false, true, false, false, false, true, false}));
+  EXPECT_EQ(allowed_after(c, {3}, 8), (std::vector<bool>{true, true, false, true, false, false, false, false}));
+  EXPECT_EQ(allowed_after(c, {1, 6}, 8), (std::vector<bool>{false, false, true, false, false, false, true, false}));
+  EXPECT_EQ(c.state_after(std::vector<int64_t>{4}.data(), 1), RegexDfa::kDead);
+  // A state seen before costs a lookup: its mask is not built again.
+  const size_t cached = c.cached_states();
+  EXPECT_LE(cached, 4u);
+  allowed_after(c, {1}, 8);
+  allowed_after(c, {3, 1}, 8);
+  EXPECT_EQ(c.cached_states(), cached);
+  // Rows longer than the vocabulary (a padded head) are masked beyond it.
+  EXPECT_FALSE(allowed_after(c, {}, 10)[9]);
+}
+
+TEST(TokenConstraint, FirstTokenLosesTheSpaceASentencePieceDecoderDrops) {
+  auto vocab = small_vocabulary();
+  vocab->strips_leading_space = true;
+  const TokenConstraint c(std::make_shared<const RegexDfa>("ab"), vocab);
+  // " a" writes "a" as the first token of a SentencePiece output, " a" after it.
+  EXPECT_TRUE(allowed_after(c, {}, 8)[5]);
+  EXPECT_EQ(c.state_after(std::vector<int64_t>{5, 2}.data(), 2), c.state_after(std::vector<int64_t>{1, 2}.data(), 2));
+  const TokenConstraint spaced(std::make_shared<const RegexDfa>("a a"), vocab);
+  EXPECT_TRUE(allowed_after(spaced, {1}, 8)[5]);
+}
+
+}  // namespace
+}  // namespace kvpipe
