@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include "engine/decode_graphs.h"
+#include "engine/logits_processor.h"
 #include "engine/sampler.h"
 
 #include <ATen/ATen.h>
@@ -17,6 +18,29 @@ bool all_greedy(const StepBatch& batch) {
   for (const SeqStep& s : batch.seqs)
     if (s.sample && s.sampling.temperature > 0.0) return false;
   return true;
+}
+
+// Rows whose request asks for logits processing take the token drawn here, from their raw
+// logits processed with the sequence's tokens so far, instead of the one their last stage
+// drew from the raw logits (the processing reads what only the coordinator holds).
+void redraw_processed_rows(const StepBatch& batch, const std::vector<Sequence*>& seqs, StepOutput& out,
+                           const std::vector<int64_t>& stop_ids) {
+  if (!out.logits.defined()) return;
+  const int64_t vocab = out.logits.size(1);
+  const float* base = out.logits.data_ptr<float>();
+  std::vector<float> row;
+  int64_t k = 0;
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const SeqStep& s = batch.seqs[i];
+    if (!s.sample) continue;
+    const int64_t at = k++;
+    const Request& request = seqs[i]->request;
+    if (!request.processing.active() || out.tokens[at] == kNonFiniteToken) continue;
+    row.assign(base + at * vocab, base + (at + 1) * vocab);
+    apply_logits_processing(row.data(), vocab, request.processing, seqs[i]->tokens,
+                            static_cast<int64_t>(request.prompt.size()), stop_ids);
+    out.tokens[at] = sample_token(row.data(), vocab, s.sampling, s.request_id, s.output_index);
+  }
 }
 
 }  // namespace
@@ -123,8 +147,9 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
       f.batch = scheduler_.schedule(step, f.seqs, static_cast<int64_t>(executor_.max_in_flight()));
       if (f.batch.seqs.empty()) break;
       ++step;
-      f.batch.want_logits = options_.keep_logits ||
-                            std::any_of(f.seqs.begin(), f.seqs.end(), [](const Sequence* s) { return s->request.want_logits; });
+      f.batch.want_logits = options_.keep_logits || std::any_of(f.seqs.begin(), f.seqs.end(), [](const Sequence* s) {
+                              return s->request.want_logits || s->request.processing.active();
+                            });
       f.record.micro_batch = submitted_++;
       f.record.sequences = static_cast<int64_t>(f.batch.seqs.size());
       for (const SeqStep& s : f.batch.seqs) {
@@ -148,9 +173,10 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
       ++step;  // nothing has arrived yet
       continue;
     }
-    const StepOutput out = executor_.wait();
+    StepOutput out = executor_.wait();
     InFlight f = std::move(flight.front());
     flight.pop_front();
+    redraw_processed_rows(f.batch, f.seqs, out, model_.eos_token_ids);
     // The tokens are host values here, so the work that produced them has finished on
     // whatever device ran it: this clock reading is the end-to-end step latency.
     f.record.done = Clock::now();

@@ -38,6 +38,18 @@ Candidates sampling_candidates(const float* logits, int64_t vocab, const Samplin
   }
   for (double& x : probs) x /= sum;
 
+  // min_p keeps a prefix of the sorted tokens, as top-k does, so the two commute; top-p then
+  // reads the mass of what is left (vLLM's order: temperature, min_p, top-k/top-p).
+  if (p.min_p > 0.0) {
+    const double floor = p.min_p * probs[0];
+    size_t keep = 1;
+    while (keep < probs.size() && probs[keep] >= floor) ++keep;
+    order.resize(keep);
+    probs.resize(keep);
+    const double left = std::accumulate(probs.begin(), probs.end(), 0.0);
+    for (double& x : probs) x /= left;
+  }
+
   // Keep the smallest prefix whose mass reaches top_p (at least one token).
   size_t keep = order.size();
   if (p.top_p < 1.0) {

@@ -1,4 +1,4 @@
-// Sampler: greedy, temperature, top-k and top-p sampling of one token from logits.
+// Sampler: greedy, temperature, min_p, top-k and top-p sampling of one token from logits.
 //
 // Sampling is a pure function of (logits, params, request id, output index): the random
 // draw is seeded from those, not from a stream shared by the batch. A request therefore
@@ -16,7 +16,7 @@ namespace kvpipe {
 // SplitMix64's finaliser: a well-mixed 64-bit hash, for seeds derived from several values.
 uint64_t splitmix64(uint64_t x);
 
-// Tokens that stay candidates after temperature, top-k and top-p, most probable first,
+// Tokens that stay candidates after temperature, min_p, top-k and top-p, most probable first,
 // with their renormalised probabilities. Greedy (temperature 0) keeps the argmax alone
 // (the lowest id among equal maxima).
 struct Candidates {

@@ -17,6 +17,7 @@
 #pragma once
 
 #include "cache/block_manager.h"
+#include "engine/logits_processor.h"
 #include "engine/step_batch.h"
 
 #include <chrono>
@@ -39,6 +40,8 @@ struct Request {
   // (requests fed while the engine runs); otherwise the time of that step.
   Clock::time_point arrival_time{};
   SamplingParams sampling;
+  // Penalties, bias, banned words, min_tokens: applied on the coordinator (logits_processor.h).
+  LogitsProcessing processing;
   bool ignore_eos = false;
   bool want_logits = false;         // the raw logits of every sampled token (log-probabilities)
 };

@@ -164,7 +164,7 @@ std::vector<int64_t> encode_step_header(const StepBatch& batch, int64_t micro_ba
   for (const SeqStep& s : batch.seqs) {
     w.insert(w.end(), {s.request_id, s.context_len, s.num_new, s.output_index, s.sample ? 1 : 0,
                        double_bits(s.sampling.temperature), s.sampling.top_k, double_bits(s.sampling.top_p),
-                       static_cast<int64_t>(s.sampling.seed), s.sampling.stream,
+                       static_cast<int64_t>(s.sampling.seed), s.sampling.stream, double_bits(s.sampling.min_p),
                        static_cast<int64_t>(s.block_table.size())});
     w.insert(w.end(), s.block_table.begin(), s.block_table.end());
   }
@@ -198,6 +198,7 @@ StepBatch decode_step_header(const std::vector<int64_t>& w, int64_t* micro_batch
     s.sampling.top_p = bits_double(next());
     s.sampling.seed = static_cast<uint64_t>(next());
     s.sampling.stream = next();
+    s.sampling.min_p = bits_double(next());
     const int64_t blocks = next();
     if (blocks < 0) throw std::runtime_error("step header is corrupt");
     for (int64_t j = 0; j < blocks; ++j) s.block_table.push_back(static_cast<int32_t>(next()));

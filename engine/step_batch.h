@@ -24,6 +24,9 @@ struct SamplingParams {
   // The random stream a request draws from together with `seed`: -1 is the request's own id.
   // A server sets it so that equal seeds give equal samples whatever id a request gets.
   int64_t stream = -1;
+  // Tokens whose probability (after temperature) is below min_p times the most likely one's
+  // are dropped before top-k and top-p (vLLM's and llama.cpp's min_p); 0 = off.
+  double min_p = 0.0;
 };
 
 struct SeqStep {

@@ -169,7 +169,9 @@ int run_subcommand(int argc, char** argv) {
       "--chat", chat_text, "One request: this text as a user message, through the model's chat template");
   prompt_ids_opt->excludes(prompt_text_opt)->excludes(chat_text_opt);
   prompt_text_opt->excludes(chat_text_opt);
-  auto* max_new_opt = gen_cmd->add_option("--max-new-tokens", max_new, "Tokens to generate per request");
+  auto* max_new_opt = gen_cmd->add_option(
+      "--max-new-tokens", max_new,
+      "Tokens to generate per request (default: each request's max_new_tokens, 32 where the job file sets none)");
   gen_cmd->add_option("--logprobs-out", gen.logprobs_out,
                       "Write each generated token's full-vocabulary log-probabilities (JSON lines)");
   gen_cmd->add_option("--output", gen.output,

@@ -38,7 +38,6 @@ std::vector<Request> job_requests(const JobConfig& job, const JobPlan& plan, con
   std::vector<RequestSpec> specs = job.requests;
   std::string from_command_line;
   RequestSpec one;
-  one.max_new_tokens = 16;
   if (!o.prompt_ids.empty()) {
     one.prompt_ids = o.prompt_ids;
     from_command_line = "--prompt-ids";
@@ -52,6 +51,7 @@ std::vector<Request> job_requests(const JobConfig& job, const JobPlan& plan, con
   if (!from_command_line.empty()) specs = {one};
   if (specs.empty())
     throw std::invalid_argument(job.source + ": no requests (add `requests:` or pass --prompt-ids, --prompt or --chat)");
+  const LogitsProcessing processing = request_processing(job.sampling, &text, plan.model.vocab_size);
   std::vector<Request> out;
   for (size_t i = 0; i < specs.size(); ++i) {
     const std::string who = from_command_line.empty() ? request_who(job, i) : from_command_line;
@@ -60,8 +60,8 @@ std::vector<Request> job_requests(const JobConfig& job, const JobPlan& plan, con
     r.prompt = text.prompt_ids(specs[i], who);
     r.max_new_tokens = o.max_new_tokens.value_or(specs[i].max_new_tokens);
     r.arrival_step = specs[i].arrival_step;
-    r.sampling = SamplingParams{job.sampling.temperature, job.sampling.top_k, job.sampling.top_p,
-                                job.sampling.seed};
+    r.sampling = request_sampling(job.sampling);
+    r.processing = processing;
     r.ignore_eos = job.sampling.ignore_eos;
     check_request(job, plan, r.prompt, r.max_new_tokens, who);
     out.push_back(std::move(r));
@@ -70,12 +70,16 @@ std::vector<Request> job_requests(const JobConfig& job, const JobPlan& plan, con
 }
 
 // Full-vocabulary log-softmax of one row, in double for a stable sum.
-std::vector<float> log_softmax(const float* logits, int64_t vocab) {
+// The log-sum-exp of the raw logits: log-probabilities plus it are the raw logits again.
+double log_partition(const float* logits, int64_t vocab) {
   double max = logits[0];
   for (int64_t i = 1; i < vocab; ++i) max = std::max<double>(max, logits[i]);
   double sum = 0.0;
   for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - max);
-  const double log_z = max + std::log(sum);
+  return max + std::log(sum);
+}
+
+std::vector<float> log_softmax(const float* logits, int64_t vocab, double log_z) {
   std::vector<float> out(vocab);
   for (int64_t i = 0; i < vocab; ++i) out[i] = static_cast<float>(logits[i] - log_z);
   return out;
@@ -190,7 +194,9 @@ void run_coordinator(const JobConfig& job, const JobPlan& plan, const ModelText&
     line["id"] = ev.request_id;
     line["step"] = ev.index;
     line["token"] = ev.token;
-    line["logprobs"] = log_softmax(ev.logits, ev.vocab);
+    const double log_z = log_partition(ev.logits, ev.vocab);
+    line["logprobs"] = log_softmax(ev.logits, ev.vocab, log_z);
+    line["log_z"] = log_z;
     outputs.logprobs->write_line(line.dump());
   });
   const double wall_s = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -447,7 +447,14 @@ class Validator {
             {"top_p", real(&s.top_p, 0.0, true, 1.0, false)},
             {"seed", unsigned_integer(&s.seed)},
             {"ignore_eos", boolean(&s.ignore_eos)},
-            {"stop", string_list(&s.stop)}};
+            {"stop", string_list(&s.stop)},
+            {"min_p", real(&s.min_p, 0.0, false, 1.0, false)},
+            {"presence_penalty", real(&s.presence_penalty, -2.0, false, 2.0, false)},
+            {"frequency_penalty", real(&s.frequency_penalty, -2.0, false, 2.0, false)},
+            {"repetition_penalty", real(&s.repetition_penalty, 0.0, true, 10.0, false)},
+            {"min_tokens", integer(&s.min_tokens, 0, kIntMax)},
+            {"logit_bias", token_bias(&s.logit_bias)},
+            {"bad_words", string_list(&s.bad_words)}};
   }
 
   std::vector<Field> workload_fields(WorkloadSection& w) {
@@ -724,6 +731,30 @@ class Validator {
             fail(entry.second, key_path, "must be one line");
           }
           (*out)[name] = entry.second.Scalar();
+        });
+      }
+    };
+  }
+
+  // OpenAI's logit_bias: token ids (checked against the vocabulary once the model is known)
+  // to numbers in [-100, 100].
+  Reader token_bias(std::map<int64_t, double>* out) {
+    return [this, out](const YAML::Node& n, const std::string& p) {
+      out->clear();
+      if (n.IsNull()) return;
+      if (!n.IsMap()) fail(n, p, "expected a mapping of token ids to biases, got " + describe(n));
+      for (const auto& entry : n) {
+        guard([&] {
+          const std::string id = entry.first.IsScalar() ? entry.first.Scalar() : "";
+          const std::string key_path = join_path(p, id);
+          if (!key_marks_.count(key_path)) key_marks_[key_path] = entry.first.Mark();
+          int64_t token = -1;
+          const auto parsed = std::from_chars(id.data(), id.data() + id.size(), token);
+          if (id.empty() || parsed.ec != std::errc() || parsed.ptr != id.data() + id.size() || token < 0)
+            fail(entry.first, p, "expected a token id (a non-negative integer), got " + describe(entry.first));
+          double bias = 0.0;
+          real(&bias, -100.0, false, 100.0, false)(entry.second, key_path);
+          (*out)[token] = bias;
         });
       }
     };

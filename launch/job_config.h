@@ -78,6 +78,14 @@ struct SamplingSection {
   uint64_t seed = 0;
   bool ignore_eos = false;
   std::vector<std::string> stop;    // the text ends where the first of these begins
+  // As OpenAI's and vLLM's request fields of the same names (engine/logits_processor.h).
+  double min_p = 0.0;
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
+  double repetition_penalty = 1.0;
+  int min_tokens = 0;
+  std::map<int64_t, double> logit_bias;  // token id -> bias in [-100, 100]
+  std::vector<std::string> bad_words;
 };
 
 struct RequestMessage {

@@ -1,5 +1,6 @@
 #include "launch/model_text.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace kvpipe {
@@ -35,6 +36,51 @@ std::vector<int64_t> ModelText::prompt_ids(const RequestSpec& spec, const std::s
   if (spec.prompt) return need_tokenizer(who).encode(*spec.prompt, true);
   if (!spec.messages.empty()) return need_tokenizer(who).encode(render_chat(spec.messages, who), false);
   return spec.prompt_ids;
+}
+
+std::vector<std::vector<int64_t>> ModelText::bad_word_ids(const std::vector<std::string>& words,
+                                                          const std::string& who) const {
+  const Tokenizer& tok = need_tokenizer(who);
+  std::vector<std::vector<int64_t>> out;
+  for (const std::string& word : words) {
+    const size_t first = word.find_first_not_of(' ');
+    if (first == std::string::npos) throw std::invalid_argument(who + ": a bad word must not be empty or only spaces");
+    const std::string bare = word.substr(first);
+    for (const std::string& text : {bare, " " + bare}) {
+      std::vector<int64_t> ids = tok.encode(text, false);
+      if (!ids.empty() && std::find(out.begin(), out.end(), ids) == out.end()) out.push_back(std::move(ids));
+    }
+  }
+  return out;
+}
+
+SamplingParams request_sampling(const SamplingSection& s) {
+  SamplingParams p;
+  p.temperature = s.temperature;
+  p.top_k = s.top_k;
+  p.top_p = s.top_p;
+  p.seed = s.seed;
+  p.min_p = s.min_p;
+  return p;
+}
+
+LogitsProcessing request_processing(const SamplingSection& s, const ModelText* text, int64_t vocab_size) {
+  LogitsProcessing p;
+  p.presence_penalty = s.presence_penalty;
+  p.frequency_penalty = s.frequency_penalty;
+  p.repetition_penalty = s.repetition_penalty;
+  p.min_tokens = s.min_tokens;
+  for (const auto& [id, bias] : s.logit_bias) {
+    if (id >= vocab_size)
+      throw std::invalid_argument("sampling.logit_bias." + std::to_string(id) + ": token id outside the vocabulary (0.." +
+                                  std::to_string(vocab_size - 1) + ")");
+    p.logit_bias.emplace_back(id, static_cast<float>(bias));
+  }
+  if (!s.bad_words.empty()) {
+    if (!text) throw std::invalid_argument("sampling.bad_words: needs the model's tokenizer");
+    p.bad_words = text->bad_word_ids(s.bad_words, "sampling.bad_words");
+  }
+  return p;
 }
 
 }  // namespace kvpipe

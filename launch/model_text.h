@@ -8,6 +8,8 @@
 // std::invalid_argument naming the request and the file.
 #pragma once
 
+#include "engine/logits_processor.h"
+#include "engine/step_batch.h"
 #include "engine/text/chat_template.h"
 #include "engine/text/tokenizer.h"
 #include "launch/job_config.h"
@@ -34,6 +36,10 @@ class ModelText {
   // The rendered chat prompt (text) of `messages`.
   std::string render_chat(const std::vector<RequestMessage>& messages, const std::string& who) const;
 
+  // The token sequences that write each of `words` at the start of a text and after a
+  // space (vLLM's bad_words: both, as tokenizers spell a word differently after a space).
+  std::vector<std::vector<int64_t>> bad_word_ids(const std::vector<std::string>& words, const std::string& who) const;
+
  private:
   const Tokenizer& need_tokenizer(const std::string& who) const;
 
@@ -41,5 +47,11 @@ class ModelText {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatTemplate> chat_template_;
 };
+
+// A job file's `sampling:` section as the engine takes it: the sampler's settings, and the
+// logits processing (bias ids checked against `vocab_size`, bad words tokenised by `text`,
+// which may be null when there are none), std::invalid_argument naming the key.
+SamplingParams request_sampling(const SamplingSection& s);
+LogitsProcessing request_processing(const SamplingSection& s, const ModelText* text, int64_t vocab_size);
 
 }  // namespace kvpipe

@@ -9,6 +9,7 @@
 #include "launch/job_plan.h"
 #include "launch/job_runner.h"
 #include "launch/log.h"
+#include "launch/model_text.h"
 #include "launch/bench/op_profiler.h"
 #include "launch/output.h"
 #include "launch/signals.h"
@@ -27,6 +28,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -94,14 +96,16 @@ uint64_t output_digest(const std::vector<std::pair<int64_t, std::vector<int64_t>
   return h;
 }
 
-std::vector<Request> to_requests(const std::vector<WorkloadRequest>& drawn, int64_t first_id, const JobConfig& job) {
+std::vector<Request> to_requests(const std::vector<WorkloadRequest>& drawn, int64_t first_id, const JobConfig& job,
+                                 const LogitsProcessing& processing) {
   std::vector<Request> out;
   for (size_t i = 0; i < drawn.size(); ++i) {
     Request r;
     r.id = first_id + static_cast<int64_t>(i);
     r.prompt = drawn[i].prompt;
     r.max_new_tokens = drawn[i].output_len;
-    r.sampling = SamplingParams{job.sampling.temperature, job.sampling.top_k, job.sampling.top_p, job.sampling.seed};
+    r.sampling = request_sampling(job.sampling);
+    r.processing = processing;
     r.ignore_eos = true;
     out.push_back(std::move(r));
   }
@@ -117,10 +121,15 @@ void run_benchmark(CoordinatorContext& c, TraceRecorder& trace, const BenchOptio
   eo.trace = &trace;
   Engine engine(c.executor, c.plan.model, c.plan.partition.num_blocks, eo);
   const int64_t vocab = c.plan.model.vocab_size;
+  // The job's penalties and bias apply to the synthetic requests too (bad words need the
+  // model's tokenizer, loaded only then).
+  std::unique_ptr<ModelText> text;
+  if (!job.sampling.bad_words.empty()) text = std::make_unique<ModelText>(job.model.path);
+  const LogitsProcessing processing = request_processing(job.sampling, text.get(), vocab);
 
   if (w.warmup > 0) {
     log_printf(LogLevel::kInfo, "bench: %d warm-up request(s)", w.warmup);
-    WorkloadSource warm(to_requests(make_workload(w, vocab, 0, w.warmup), 0, job), std::vector<double>(w.warmup, 0.0),
+    WorkloadSource warm(to_requests(make_workload(w, vocab, 0, w.warmup), 0, job, processing), std::vector<double>(w.warmup, 0.0),
                         w.concurrency, 0.0, Clock::now());
     engine.set_source(&warm);
     engine.run();
@@ -141,7 +150,7 @@ void run_benchmark(CoordinatorContext& c, TraceRecorder& trace, const BenchOptio
   if (o.profile) profiler = std::make_unique<OpProfiler>((std::filesystem::path(o.out_dir) / "profile_rank0.json").string());
   ProgressBar progress(static_cast<int64_t>(w.requests) * w.output_len.hi, w.output_len.lo == w.output_len.hi);
   m.start = Clock::now();
-  WorkloadSource source(to_requests(drawn, w.warmup, job), arrivals, w.concurrency, w.rate, m.start);
+  WorkloadSource source(to_requests(drawn, w.warmup, job, processing), arrivals, w.concurrency, w.rate, m.start);
   engine.set_source(&source);
   engine.run([&](const TokenEvent& ev) {
     token_times[ev.request_id].push_back(Clock::now());

@@ -1,5 +1,7 @@
 #include "launch/serve/serve.h"
 
+#include "engine/grammar/token_constraint.h"
+
 #include "engine/engine.h"
 #include "engine/text/text_stream.h"
 #include "engine/text/tokenizer.h"
@@ -152,6 +154,7 @@ class ServeLoop : public RequestSource {
       r.max_new_tokens = req.max_tokens;
       r.sampling = req.sampling;
       r.sampling.stream = c % req.n;  // equal seeds give equal choices, whatever the request's id
+      r.processing = req.processing;
       r.ignore_eos = req.ignore_eos;
       r.want_logits = req.logprobs >= 0;
       r.arrival_time = s.arrival;
@@ -236,6 +239,12 @@ void serve(const ServeOptions& o, World& world) {
     served.vocab_size = plan.model.vocab_size;
     served.max_context = plan.model.max_position;
     served.max_request_tokens = plan.longest_request;
+    if (const Tokenizer* tokenizer = text->tokenizer()) {
+      std::vector<int64_t> eos = tokenizer->eos_ids();
+      for (int64_t id : plan.model.eos_token_ids)
+        if (std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
+      served.vocabulary = TokenVocabulary::of(*tokenizer, eos);
+    }
     metrics = std::make_unique<ServeMetrics>(served.name);
     queue = std::make_unique<ServeQueue>(o.max_requests);
     HttpOptions ho;

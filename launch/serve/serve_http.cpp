@@ -4,11 +4,15 @@
 
 #include <httplib.h>
 
+#include <dirent.h>
+#include <netdb.h>
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -20,6 +24,57 @@ extern const char* const kServePage;  // launch/serve/serve_page.html, embedded 
 namespace {
 
 constexpr auto kStreamHeartbeat = std::chrono::milliseconds(1000);
+
+// How often a non-streaming request looks whether its client is still there.
+constexpr auto kClientCheck = std::chrono::milliseconds(200);
+
+// "address:port" of a socket's local or peer end, as cpp-httplib writes remote_addr
+// (getnameinfo, numeric), or "" when the socket has none.
+std::string endpoint(int fd, bool peer) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if ((peer ? ::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len)
+            : ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len)) != 0)
+    return "";
+  char host[NI_MAXHOST], port[NI_MAXSERV];
+  if (::getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof host, port, sizeof port,
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return "";
+  return std::string(host) + ":" + port;
+}
+
+// The socket `req` came on, or -1. cpp-httplib 0.11 gives a handler no handle on its
+// connection, so it is found among this process's sockets by its two ends: the peer's
+// address and port, and the server's port; no other open connection has both. While the
+// handler runs, cpp-httplib keeps that socket open, so the number stays this connection's.
+int connection_socket(const httplib::Request& req, int server_port) {
+  const std::string peer = req.remote_addr + ":" + std::to_string(req.remote_port);
+  const std::string local_port = ":" + std::to_string(server_port);
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (const dirent* e = ::readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0') continue;
+    if (endpoint(static_cast<int>(fd), true) != peer) continue;
+    const std::string local = endpoint(static_cast<int>(fd), false);
+    if (local.size() >= local_port.size() && local.compare(local.size() - local_port.size(), local_port.size(), local_port) == 0) {
+      found = static_cast<int>(fd);
+      break;
+    }
+  }
+  ::closedir(dir);
+  return found;
+}
+
+// The client closed its connection (or reset it): a read finds its end. A client that is
+// still there has sent nothing more, or its next request (either way it has not left).
+bool client_left(int fd) {
+  char c;
+  const ssize_t n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
 
 std::string status_message(int status, const httplib::Request& req, size_t max_body) {
   switch (status) {
@@ -41,10 +96,15 @@ struct HttpFrontEnd::Impl {
   std::thread listener;
   std::atomic<bool> ready{false};
   int listen_socket = -1;
-  int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
-                        std::chrono::system_clock::now().time_since_epoch()).count();
+  int port = 0;
+  // /v1/models' `created`: when the server started; a response's is when its request came.
+  int64_t created = unix_seconds();
   std::mutex seed_mutex;
   std::mt19937_64 seeds{std::random_device{}()};
+
+  static int64_t unix_seconds() {
+    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  }
 
   Impl(const HttpOptions& o, const ServedModel& m, ServeQueue& q, ServeMetrics& mt)
       : options(o), model(m), queue(q), metrics(mt) {}
@@ -98,15 +158,22 @@ struct HttpFrontEnd::Impl {
     std::snprintf(id, sizeof id, "%s-%llx%08llx", chat ? "chatcmpl" : "cmpl", static_cast<unsigned long long>(s.id),
                   static_cast<unsigned long long>(fresh_seed() & 0xffffffffu));
     const Tokenizer* tokenizer = model.text ? model.text->tokenizer() : nullptr;
-    auto writer = std::make_shared<ResponseWriter>(*request, id, created, model.name, tokenizer);
+    auto writer = std::make_shared<ResponseWriter>(*request, id, unix_seconds(), model.name, tokenizer);
     const uint64_t submission = s.id;
 
     if (!request->stream) {
+      // A client that leaves (or times out) before the answer ends its request, as a
+      // streaming one does: nothing else would free its blocks before its last token.
+      const int client = connection_socket(req, port);
       std::vector<ChoiceEvent> events;
       std::string error;
       for (;;) {
         events.clear();
-        const bool more = channel->wait(events, kStreamHeartbeat);
+        const bool more = channel->wait(events, kClientCheck);
+        if (more && client >= 0 && client_left(client)) {
+          queue.cancel(submission);
+          return;
+        }
         for (const ChoiceEvent& e : events) {
           if (!e.error.empty()) error = e.error;
           writer->add(e);
@@ -247,6 +314,7 @@ int HttpFrontEnd::start() {
   // cpp-httplib listens with a backlog of 5: a burst of clients overflows it and their
   // connections stall for seconds. listen() again on the bound socket raises it.
   if (m.listen_socket >= 0) ::listen(m.listen_socket, SOMAXCONN);
+  m.port = port;
   m.listener = std::thread([&m] { m.server.listen_after_bind(); });
   return port;
 }

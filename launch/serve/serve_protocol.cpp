@@ -1,5 +1,7 @@
 #include "launch/serve/serve_protocol.h"
 
+#include "engine/grammar/regex_dfa.h"
+#include "engine/grammar/token_constraint.h"
 #include "engine/text/tokenizer.h"
 #include "launch/job_config.h"
 #include "launch/model_text.h"
@@ -10,6 +12,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <set>
 
 namespace kvpipe {
 
@@ -132,6 +135,153 @@ std::vector<std::vector<int64_t>> completion_prompts(const json& body, const Ser
   return prompts;
 }
 
+// The fields a request may carry: those kvpipe honours, and a few that change nothing in
+// the answer (OpenAI's bookkeeping) and may be ignored. Any other is refused by name.
+void refuse_unknown_fields(const json& body, bool chat) {
+  static const std::set<std::string> common = {
+      "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "best_of", "stream", "stream_options",
+      "stop", "seed", "logprobs", "ignore_eos", "return_token_ids", "presence_penalty", "frequency_penalty",
+      "repetition_penalty", "min_tokens", "logit_bias", "bad_words", "structured_outputs", "guided_regex",
+      "guided_choice",
+      "user", "metadata", "store", "service_tier"};
+  static const std::set<std::string> chat_only = {"messages", "max_completion_tokens", "top_logprobs",
+                                                  "response_format", "tools", "tool_choice", "parallel_tool_calls"};
+  static const std::set<std::string> completion_only = {"prompt", "echo", "suffix"};
+  for (const auto& [key, value] : body.items()) {
+    if (common.count(key) || (chat ? chat_only : completion_only).count(key)) continue;
+    throw bad(key, "is not supported by kvpipe (refused rather than ignored)");
+  }
+  if (!chat) return;
+  // Constrained output and tool calls: what is asked of the answer's shape is refused until
+  // kvpipe can constrain it, except the forms that ask for nothing.
+  if (const json* rf = field(body, "response_format")) {
+    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
+      throw bad("response_format", "must be an object with a string \"type\"");
+    const std::string type = (*rf)["type"].get<std::string>();
+    if (type != "text") throw bad("response_format", "type \"" + type + "\" is not supported by kvpipe (only \"text\")");
+  }
+  const json* tools = field(body, "tools");
+  if (tools && !(tools->is_array() && tools->empty()))
+    throw bad("tools", "tool calls are not supported by kvpipe (send no tools)");
+  if (const json* choice = field(body, "tool_choice"))
+    if (!(choice->is_string() && (*choice == "none" || *choice == "auto")))
+      throw bad("tool_choice", "only \"none\" or \"auto\" without tools is supported");
+}
+
+// logit_bias: OpenAI's {"token id": bias} or llama.cpp's [[id, bias or false], ...] (false
+// bans the token), each bias in [-100, 100].
+std::vector<std::pair<int64_t, float>> logit_bias_of(const json& v, const ServedModel& model) {
+  std::vector<std::pair<int64_t, float>> out;
+  auto add = [&](int64_t id, const json& bias, const std::string& where) {
+    if (id < 0 || id >= model.vocab_size)
+      throw bad("logit_bias", where + ": token id outside the vocabulary (0.." + std::to_string(model.vocab_size - 1) + ")");
+    if (bias.is_boolean() && !bias.get<bool>()) {
+      out.emplace_back(id, -std::numeric_limits<float>::infinity());
+      return;
+    }
+    if (!bias.is_number() || !std::isfinite(bias.get<double>()) || std::abs(bias.get<double>()) > 100.0)
+      throw bad("logit_bias", where + ": a bias must be a number in [-100, 100], got " + bias.dump());
+    out.emplace_back(id, static_cast<float>(bias.get<double>()));
+  };
+  if (v.is_object()) {
+    for (const auto& [key, bias] : v.items()) {
+      int64_t id = -1;
+      size_t used = 0;
+      try {
+        id = std::stoll(key, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != key.size()) throw bad("logit_bias", "keys must be token ids, got \"" + key + "\"");
+      add(id, bias, key);
+    }
+  } else if (v.is_array()) {
+    for (size_t i = 0; i < v.size(); ++i) {
+      const json& pair = v[i];
+      if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_integer())
+        throw bad("logit_bias", "[" + std::to_string(i) + "] must be [token id, bias]");
+      add(pair[0].get<int64_t>(), pair[1], "[" + std::to_string(i) + "]");
+    }
+  } else {
+    throw bad("logit_bias", "must be an object of token ids to biases");
+  }
+  return out;
+}
+
+// The pattern of a `choice` list: exactly one of the strings.
+std::string choice_pattern(const json& v, const std::string& key) {
+  if (!v.is_array() || v.empty() || v.size() > 4096) throw bad(key, "must be a non-empty list of at most 4096 strings");
+  std::string pattern;
+  for (const json& c : v) {
+    if (!c.is_string() || c.get<std::string>().empty()) throw bad(key, "must be a list of non-empty strings");
+    if (!pattern.empty()) pattern += '|';
+    pattern += regex_escape(c.get<std::string>());
+  }
+  return pattern;
+}
+
+// The structured-output constraint a request asks for, or null: vLLM's
+// `structured_outputs: {regex | choice}` and its older `guided_regex` / `guided_choice`.
+// What kvpipe cannot constrain yet (json, grammar) is a 400 naming it.
+std::shared_ptr<const TokenConstraint> constraint_of(const json& body, const ServedModel& model) {
+  std::string where, pattern;
+  auto take = [&](const std::string& key, std::string p) {
+    if (!where.empty()) throw bad(key, "one constraint per request (" + where + " is another)");
+    where = key;
+    pattern = std::move(p);
+  };
+  auto regex_of = [](const json& v, const std::string& key) {
+    if (!v.is_string()) throw bad(key, "must be a string");
+    return v.get<std::string>();
+  };
+  if (const json* so = field(body, "structured_outputs")) {
+    if (!so->is_object()) throw bad("structured_outputs", "must be an object");
+    for (const auto& [k, v] : so->items()) {
+      if (v.is_null()) continue;
+      const std::string key = "structured_outputs." + k;
+      if (k == "regex") take(key, regex_of(v, key));
+      else if (k == "choice") take(key, choice_pattern(v, key));
+      else throw bad(key, "is not supported by kvpipe (only regex and choice)");
+    }
+    if (where.empty()) throw bad("structured_outputs", "names no constraint (regex or choice)");
+  }
+  if (const json* v = field(body, "guided_regex")) take("guided_regex", regex_of(*v, "guided_regex"));
+  if (const json* v = field(body, "guided_choice")) take("guided_choice", choice_pattern(*v, "guided_choice"));
+  if (where.empty()) return nullptr;
+  if (!model.vocabulary) throw bad(where, "the model " + model.name + " has no tokenizer to match text with");
+  if (bool_field(body, "ignore_eos", false)) throw bad("ignore_eos", "cannot be combined with " + where);
+  try {
+    return std::make_shared<const TokenConstraint>(std::make_shared<const RegexDfa>(pattern), model.vocabulary);
+  } catch (const std::invalid_argument& e) {
+    throw bad(where, e.what());
+  }
+}
+
+LogitsProcessing processing_of(const json& body, const ServedModel& model) {
+  LogitsProcessing p;
+  p.constraint = constraint_of(body, model);
+  p.presence_penalty = number_field(body, "presence_penalty", 0.0, -2.0, 2.0);
+  p.frequency_penalty = number_field(body, "frequency_penalty", 0.0, -2.0, 2.0);
+  p.repetition_penalty = number_field(body, "repetition_penalty", 1.0, 0.0, 10.0, true);
+  p.min_tokens = integer_field(body, "min_tokens", 0, 0, std::numeric_limits<int32_t>::max());
+  if (const json* bias = field(body, "logit_bias")) p.logit_bias = logit_bias_of(*bias, model);
+  if (const json* words = field(body, "bad_words")) {
+    std::vector<std::string> list;
+    if (!words->is_array() || words->size() > 256) throw bad("bad_words", "must be a list of at most 256 strings");
+    for (const json& w : *words) {
+      if (!w.is_string()) throw bad("bad_words", "must be a list of strings");
+      list.push_back(w.get<std::string>());
+    }
+    need_tokenizer(model, "bad_words");
+    try {
+      p.bad_words = model.text->bad_word_ids(list, "bad_words");
+    } catch (const std::exception& e) {
+      throw bad("bad_words", e.what());
+    }
+  }
+  return p;
+}
+
 std::vector<int64_t> chat_prompt(const json& body, const ServedModel& model) {
   const json* m = field(body, "messages");
   if (!m) throw bad("messages", "is required");
@@ -206,6 +356,7 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
       throw ApiError(404, "The model `" + m->get<std::string>() + "` does not exist (this server serves `" +
                               model.name + "`)", "model", "model_not_found");
   }
+  refuse_unknown_fields(body, chat);
   CompletionRequest r;
   r.chat = chat;
   if (chat) r.prompts = {chat_prompt(body, model)};
@@ -228,6 +379,8 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
   r.sampling.top_p = number_field(body, "top_p", 1.0, 0.0, 1.0, true);
   const int64_t top_k = integer_field(body, "top_k", 0, -1, std::numeric_limits<int32_t>::max());
   r.sampling.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);
+  r.sampling.min_p = number_field(body, "min_p", 0.0, 0.0, 1.0);
+  r.processing = processing_of(body, model);
   if (const json* seed = field(body, "seed")) {
     if (!seed->is_number_integer()) throw bad("seed", "must be an integer");
     r.sampling.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : static_cast<uint64_t>(seed->get<int64_t>());
@@ -280,6 +433,8 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
                             std::to_string(longest + r.max_tokens) + " tokens (" + std::to_string(longest) +
                             " in the prompt, " + std::to_string(r.max_tokens) + " for the completion).",
                    max_key, "context_length_exceeded");
+  if (r.processing.min_tokens > r.max_tokens)
+    throw bad("min_tokens", "must not exceed " + std::string(max_key) + " (" + std::to_string(r.max_tokens) + ")");
   return r;
 }
 

@@ -4,16 +4,20 @@
 // request is checked field by field and becomes prompts (token ids) plus sampling settings;
 // the engine's per-token events become OpenAI's responses and stream chunks. Guarantees: a
 // bad body is an ApiError whose message names the field (400), an unknown model is 404, and
-// fields kvpipe does not know are ignored (as vLLM does); every JSON written is valid UTF-8
-// (token pieces that split a character are written with U+FFFD).
+// a field kvpipe does not implement is a 400 naming it (never silently ignored: the client
+// would believe it got what it asked for), save a few that change nothing in the answer
+// (`user`, `metadata`, `store`, `service_tier`); every JSON written is valid UTF-8 (token
+// pieces that split a character are written with U+FFFD).
 #pragma once
 
+#include "engine/logits_processor.h"
 #include "engine/step_batch.h"
 
 #include <nlohmann/json_fwd.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -23,6 +27,7 @@ namespace kvpipe {
 
 class ModelText;
 class Tokenizer;
+struct TokenVocabulary;
 
 // An error as the client sees it: an HTTP status and OpenAI's error object.
 struct ApiError : std::runtime_error {
@@ -41,6 +46,8 @@ std::string error_body(int status, const std::string& message, const std::string
 struct ServedModel {
   std::string name;
   const ModelText* text = nullptr;  // tokenizer and chat template (the tokenizer may be absent)
+  // Every token's bytes, for structured outputs (null without a tokenizer).
+  std::shared_ptr<const TokenVocabulary> vocabulary;
   int64_t vocab_size = 0;
   int64_t max_context = 0;          // prompt + output tokens
   int64_t max_request_tokens = 0;   // prompt + max_tokens that the KV pool can hold
@@ -59,6 +66,7 @@ struct CompletionRequest {
   std::vector<std::vector<int64_t>> prompts;  // completions may send several; chat sends one
   int64_t max_tokens = 16;
   SamplingParams sampling;      // seed: the request's, or a fresh random one
+  LogitsProcessing processing;  // structured output, logit_bias, penalties, min_tokens, bad_words
   int n = 1;                    // choices per prompt
   std::vector<std::string> stop;
   bool ignore_eos = false;

@@ -1,11 +1,15 @@
 """`kvpipe serve` on one rank with SmolLM2-135M-Instruct, driven by OpenAI's Python client:
 the server's tokens equal `kvpipe generate`'s for the same requests (greedy and seeded),
 streaming, usage, stop strings, log-probabilities, n, seeds, prefix-cache usage,
-/tokenize, /metrics (read by Prometheus' own parser), malformed requests, a client that goes
-away, authentication, a full queue and SIGTERM."""
+/tokenize, /metrics (read by Prometheus' own parser), malformed requests and fields kvpipe
+does not implement (400 naming them), logit bias, penalties, bad words and min_tokens (equal
+to `kvpipe generate`'s, and generate's against a float64 recompute from its raw logits),
+clients that go away (streaming or not), authentication, a full queue and SIGTERM."""
 import json
 import math
 import os
+import re
+import socket
 import tempfile
 import threading
 import time
@@ -278,6 +282,35 @@ class OneRankServer(unittest.TestCase):
             (H, {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
             (H, {"messages": user, "top_logprobs": 2}, 400, "top_logprobs"),
             (H, {"messages": user, "max_completion_tokens": -3}, 400, "max_completion_tokens"),
+            # What kvpipe does not implement is refused by name, never silently ignored.
+            (C, {"prompt": "hi", "guided_json": {"type": "object"}}, 400, "guided_json"),
+            (C, {"prompt": "hi", "structured_outputs": {"json": {"type": "object"}}}, 400, "structured_outputs.json"),
+            (C, {"prompt": "hi", "structured_outputs": {}}, 400, "structured_outputs"),
+            (C, {"prompt": "hi", "structured_outputs": {"regex": "(a"}}, 400, "structured_outputs.regex"),
+            (C, {"prompt": "hi", "structured_outputs": {"regex": "a(?=b)"}}, 400, "structured_outputs.regex"),
+            (C, {"prompt": "hi", "structured_outputs": {"choice": []}}, 400, "structured_outputs.choice"),
+            (C, {"prompt": "hi", "guided_regex": "a", "guided_choice": ["b"]}, 400, "guided_choice"),
+            (C, {"prompt": "hi", "guided_regex": "a", "ignore_eos": True}, 400, "ignore_eos"),
+            (C, {"prompt": "hi", "guided_grammar": "root ::= \"a\""}, 400, "guided_grammar"),
+            (C, {"prompt": "hi", "stop_token_ids": [2]}, 400, "stop_token_ids"),
+            (C, {"prompt": "hi", "response_format": {"type": "json_object"}}, 400, "response_format"),
+            (H, {"messages": user, "response_format": {"type": "json_object"}}, 400, "response_format"),
+            (H, {"messages": user, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+             400, "response_format"),
+            (H, {"messages": user, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+            (H, {"messages": user, "tool_choice": "required"}, 400, "tool_choice"),
+            (H, {"messages": user, "functions": []}, 400, "functions"),
+            (H, {"messages": user, "prompt": "hi"}, 400, "prompt"),
+            (C, {"prompt": "hi", "logit_bias": {"x": 1}}, 400, "logit_bias"),
+            (C, {"prompt": "hi", "logit_bias": {"49152": 1}}, 400, "logit_bias"),
+            (C, {"prompt": "hi", "logit_bias": {"5": 101}}, 400, "logit_bias"),
+            (C, {"prompt": "hi", "presence_penalty": 3}, 400, "presence_penalty"),
+            (C, {"prompt": "hi", "frequency_penalty": "x"}, 400, "frequency_penalty"),
+            (C, {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty"),
+            (C, {"prompt": "hi", "min_p": 2}, 400, "min_p"),
+            (C, {"prompt": "hi", "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens"),
+            (C, {"prompt": "hi", "bad_words": "Paris"}, 400, "bad_words"),
+            (C, {"prompt": "hi", "bad_words": [" "]}, 400, "bad_words"),
             ("/tokenize", {"prompt": 3}, 400, "prompt"), ("/detokenize", {"tokens": ["a"]}, 400, "tokens"),
             ("/v1/embeddings", {"input": "x"}, 404, None),
         ]
@@ -300,6 +333,133 @@ class OneRankServer(unittest.TestCase):
         r = self.complete(prompt=PROMPT, max_tokens=2, temperature=0)
         self.assertEqual(r.usage.completion_tokens, 2)
 
+    # --- penalties, bias, banned words, min_tokens, min_p; fields ignored harmlessly ------
+    def test_penalties_and_bias_equal_generate(self):
+        """The server's processed greedy tokens are `kvpipe generate`'s with the same
+        sampling: keys, and differ from the unprocessed ones."""
+        params = {"repetition_penalty": 1.3, "frequency_penalty": 0.5, "presence_penalty": 0.4, "min_p": 0.1}
+        sets = []
+        for k, v in params.items():
+            sets += ["--set", f"sampling.{k}={v}"]
+        ref = generate("--config", SMOLLM2, "--prompt", PROMPT, "--max-new-tokens", "24",
+                       "--set", "sampling.ignore_eos=true", *sets)[0]
+        r = self.complete(prompt=PROMPT, max_tokens=24, temperature=0,
+                          extra_body={"return_token_ids": True, "ignore_eos": True, **params})
+        self.assertEqual(extra(r.choices[0], "token_ids"), ref["output_ids"])
+        plain = self.complete(prompt=PROMPT, max_tokens=24, temperature=0,
+                              extra_body={"return_token_ids": True, "ignore_eos": True})
+        self.assertNotEqual(extra(plain.choices[0], "token_ids"), ref["output_ids"])
+
+    def test_generate_penalties_and_bias_against_a_float64_recompute(self):
+        """Each greedy token of a penalised, biased `kvpipe generate` run is the argmax of its
+        step's raw logits (from --logprobs-out: logprob + log_z) with vLLM's formulas applied
+        here in float64: bias, then repetition over prompt and output, frequency and presence
+        over the output."""
+        plain = generate("--config", SMOLLM2, "--prompt", PROMPT, "--max-new-tokens", "24",
+                         "--set", "sampling.ignore_eos=true")[0]["output_ids"]
+        rp, fp, pp = 1.25, 0.6, 0.3
+        bias = {plain[1]: -4.0, plain[3]: 2.0, 1000: 1.5}
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "logprobs.jsonl")
+            got = generate("--config", SMOLLM2, "--prompt", PROMPT, "--max-new-tokens", "24", "--logprobs-out", path,
+                           "--set", "sampling.ignore_eos=true", "--set", f"sampling.repetition_penalty={rp}",
+                           "--set", f"sampling.frequency_penalty={fp}", "--set", f"sampling.presence_penalty={pp}",
+                           "--set", "sampling.logit_bias={" + ", ".join(f"{k}: {v}" for k, v in bias.items()) + "}")[0]
+            with open(path) as f:
+                rows = [json.loads(line) for line in f]
+        self.assertNotEqual(got["output_ids"], plain)
+        self.assertEqual([r["token"] for r in rows], got["output_ids"])
+        prompt = got["prompt_ids"]
+        checked = 0
+        for step, row in enumerate(rows):
+            history = prompt + got["output_ids"][:step]
+            counts = {}
+            for t in got["output_ids"][:step]:
+                counts[t] = counts.get(t, 0) + 1
+            x = [lp + row["log_z"] for lp in row["logprobs"]]
+            for t, b in bias.items():
+                x[t] += b
+            for t in set(history):
+                x[t] = x[t] / rp if x[t] > 0 else x[t] * rp
+                c = counts.get(t, 0)
+                x[t] -= fp * c + pp * (1 if c else 0)
+            order = sorted(range(len(x)), key=lambda i: -x[i])
+            if x[order[0]] - x[order[1]] < 1e-3:
+                continue  # a near tie: float32 logits may rank it either way
+            self.assertEqual(row["token"], order[0], f"step {step}")
+            checked += 1
+        self.assertGreaterEqual(checked, 20)
+
+    def test_logit_bias_and_bad_words_keep_a_token_out(self):
+        ids = json.loads(http("POST", self.server.url + "/tokenize", {"prompt": " Paris", "add_special_tokens": False})[1])["tokens"]
+        self.assertEqual(len(ids), 1, ids)
+        paris = ids[0]
+        plain = self.complete(prompt=PROMPT, max_tokens=4, temperature=0, extra_body={"return_token_ids": True})
+        self.assertIn(paris, extra(plain.choices[0], "token_ids"), "the model does not answer Paris here")
+        for body in ({"logit_bias": {str(paris): -100}}, {"bad_words": ["Paris"]}):
+            r = self.complete(prompt=PROMPT, max_tokens=4, temperature=0, extra_body={"return_token_ids": True, **body})
+            self.assertNotIn(paris, extra(r.choices[0], "token_ids"), body)
+            self.assertNotIn("Paris", r.choices[0].text, body)
+        # +100 forces a token; llama.cpp's [[id, false]] form bans it.
+        forced = self.complete(prompt=PROMPT, max_tokens=3, temperature=0.8, seed=3, logit_bias={"42": 100},
+                               extra_body={"return_token_ids": True, "ignore_eos": True})
+        self.assertEqual(extra(forced.choices[0], "token_ids"), [42, 42, 42])
+        banned = self.complete(prompt=PROMPT, max_tokens=4, temperature=0,
+                               extra_body={"return_token_ids": True, "logit_bias": [[paris, False]]})
+        self.assertNotIn(paris, extra(banned.choices[0], "token_ids"))
+
+    def test_choice_and_regex_answers_always_match(self):
+        """Sampled at temperature 1, every answer to a `choice` is one of the choices, and
+        every answer to a `regex` is a re.fullmatch of it, streamed or not."""
+        choices = ["Paris", "London", "Berlin", "New York City", "Rome (Italy)"]
+        msgs = [{"role": "user", "content": QUESTION}]
+        for body in ({"structured_outputs": {"choice": choices}}, {"guided_choice": choices}):
+            r = self.client.chat.completions.create(model=self.model, messages=msgs, max_tokens=16, temperature=1.0,
+                                                    n=4, seed=5, extra_body=body)
+            for c in r.choices:
+                self.assertIn(c.message.content, choices, body)
+                self.assertEqual(c.finish_reason, "stop")
+        patterns = [r"\d{3}-\d{4}", r"\d{4}-\d{2}-\d{2}", r"(yes|no)", r"[A-Z][a-z]{1,8} [A-Z][a-z]{1,8}",
+                    r"[a-z]{3,8}@[a-z]{3,8}\.(com|org)", r'\{"name": "[A-Za-z ]{1,20}", "age": \d{1,2}\}',
+                    r"0x[0-9a-f]{4}", r"(red|green|blue)(, (red|green|blue)){0,2}", r"-?\d{1,3}(\.\d{1,2})?",
+                    r"[^\n\"]{1,12}!"]
+        for i, pattern in enumerate(patterns):
+            r = self.complete(prompt=PROMPT, max_tokens=64, temperature=1.0, n=4, seed=i,
+                              extra_body={"structured_outputs": {"regex": pattern}})
+            for c in r.choices:
+                self.assertIsNotNone(re.fullmatch(pattern, c.text), (pattern, c.text))
+                self.assertEqual(c.finish_reason, "stop", (pattern, c.text))
+        chunks = list(self.complete(prompt=PROMPT, max_tokens=64, temperature=1.0, seed=9, stream=True,
+                                    extra_body={"guided_regex": patterns[1]}))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        self.assertIsNotNone(re.fullmatch(patterns[1], text), text)
+        # Unconstrained requests beside constrained ones are untouched.
+        plain = self.complete(prompt=PROMPT, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+        ref = generate("--config", SMOLLM2, "--prompt", PROMPT, "--max-new-tokens", "6", "--set", "sampling.ignore_eos=true")[0]
+        self.assertEqual(plain.choices[0].text, ref["text"])
+
+    def test_min_tokens_holds_back_the_end(self):
+        msgs = [{"role": "user", "content": QUESTION + " Answer in one sentence."}]
+        short = self.client.chat.completions.create(model=self.model, messages=msgs, max_tokens=64, temperature=0)
+        self.assertEqual(short.choices[0].finish_reason, "stop")
+        n = short.usage.completion_tokens + 6
+        longer = self.client.chat.completions.create(model=self.model, messages=msgs, max_tokens=64, temperature=0,
+                                                     extra_body={"min_tokens": n})
+        self.assertGreaterEqual(longer.usage.completion_tokens, n)
+
+    def test_harmless_fields_are_accepted_and_created_is_the_request_time(self):
+        before = int(time.time())
+        r = self.client.chat.completions.create(model=self.model, messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=2, temperature=0, user="someone", store=False,
+                                                metadata={"k": "v"}, response_format={"type": "text"},
+                                                tool_choice="none")
+        after = int(time.time())
+        self.assertEqual(r.usage.completion_tokens, 2)
+        self.assertTrue(before <= r.created <= after, (before, r.created, after))
+        time.sleep(1.1)
+        again = self.complete(prompt=PROMPT, max_tokens=1)
+        self.assertGreater(again.created, r.created)
+
     def test_client_that_disconnects_frees_its_blocks(self):
         before = self.server.metrics()
         req = urllib.request.Request(self.server.url + "/v1/completions", method="POST",
@@ -321,6 +481,30 @@ class OneRankServer(unittest.TestCase):
                 break
             self.assertLess(time.time(), deadline, f"blocks still held 20 s after the client left: {m}")
             time.sleep(0.2)
+        self.assertEqual(m["kvpipe:request_success_total:abort"] - before["kvpipe:request_success_total:abort"], 1)
+        self.assertLess(m["kvpipe:generation_tokens_total"] - before["kvpipe:generation_tokens_total"], 500)
+
+
+    def test_non_streaming_client_that_leaves_frees_its_blocks(self):
+        """A client that times out on a long non-streaming request: its request ends (abort)
+        within a second or so, its blocks freed."""
+        before = self.server.metrics()
+        body = json.dumps({"prompt": PROMPT, "max_tokens": 1000, "ignore_eos": True, "temperature": 0}).encode()
+        with socket.create_connection(("127.0.0.1", self.server.port), timeout=30) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            deadline = time.time() + 30
+            while self.server.metrics()["kvpipe:num_requests_running"] == 0:
+                self.assertLess(time.time(), deadline, "the request never started")
+                time.sleep(0.05)
+            time.sleep(0.5)
+        left = time.time()
+        while True:
+            m = self.server.metrics()
+            if m["kvpipe:num_requests_running"] == 0 and m["kvpipe:kv_cache_used_blocks"] == 0:
+                break
+            self.assertLess(time.time() - left, 2, f"blocks still held 2 s after the client left: {m}")
+            time.sleep(0.05)
         self.assertEqual(m["kvpipe:request_success_total:abort"] - before["kvpipe:request_success_total:abort"], 1)
         self.assertLess(m["kvpipe:generation_tokens_total"] - before["kvpipe:generation_tokens_total"], 500)
 

@@ -409,6 +409,35 @@ TEST(JobConfigParse, RequestsAsTextAndMessagesAndStopStrings) {
             (std::vector<std::string>{"END"}));
 }
 
+TEST(JobConfigParse, PenaltiesBiasAndBadWords) {
+  const JobConfig c = parse(std::string(kMinimal) +
+                            "sampling:\n  min_p: 0.05\n  presence_penalty: -0.5\n  frequency_penalty: 1.5\n"
+                            "  repetition_penalty: 1.2\n  min_tokens: 4\n  logit_bias: {17: -100, 3: 2.5}\n"
+                            "  bad_words: [Paris, \"New York\"]\n");
+  EXPECT_DOUBLE_EQ(c.sampling.min_p, 0.05);
+  EXPECT_DOUBLE_EQ(c.sampling.presence_penalty, -0.5);
+  EXPECT_DOUBLE_EQ(c.sampling.frequency_penalty, 1.5);
+  EXPECT_DOUBLE_EQ(c.sampling.repetition_penalty, 1.2);
+  EXPECT_EQ(c.sampling.min_tokens, 4);
+  EXPECT_EQ(c.sampling.logit_bias, (std::map<int64_t, double>{{3, 2.5}, {17, -100.0}}));
+  EXPECT_EQ(c.sampling.bad_words, (std::vector<std::string>{"Paris", "New York"}));
+  const JobConfig defaults = parse(kMinimal);
+  EXPECT_EQ(defaults.sampling.repetition_penalty, 1.0);
+  EXPECT_TRUE(defaults.sampling.logit_bias.empty());
+  for (const auto& [yaml, key] : std::vector<std::pair<std::string, std::string>>{
+           {"sampling: {logit_bias: {x: 1}}\n", "sampling.logit_bias"},
+           {"sampling: {logit_bias: {-3: 1}}\n", "sampling.logit_bias"},
+           {"sampling: {logit_bias: {4: 101}}\n", "sampling.logit_bias.4"},
+           {"sampling: {logit_bias: [1, 2]}\n", "sampling.logit_bias"},
+           {"sampling: {repetition_penalty: 0}\n", "sampling.repetition_penalty"},
+           {"sampling: {presence_penalty: 2.5}\n", "sampling.presence_penalty"},
+           {"sampling: {min_p: 1.5}\n", "sampling.min_p"},
+           {"sampling: {min_tokens: -1}\n", "sampling.min_tokens"}}) {
+    const std::string message = parse_error(std::string(kMinimal) + yaml);
+    EXPECT_NE(message.find(key), std::string::npos) << yaml << " -> " << message;
+  }
+}
+
 TEST(JobConfigOverrides, FileErrorsKeepTheirLine) {
   const std::string message =
       parse_error("model: {path: m}\ncache:\n  block_size: 0\n", {"cache.memory=1GiB"});

@@ -70,8 +70,8 @@ TEST(ServeProtocol, TheAdvertisedContextIsTheOneServed) {
 }
 
 TEST(ServeProtocol, CompletionDefaultsFollowOpenAI) {
-  const CompletionRequest r = parse_completion_request(R"({"prompt": [1, 2, 3], "unknown_field": {"x": 1}})", false,
-                                                       id_only_model(), 77);
+  const CompletionRequest r = parse_completion_request(R"({"prompt": [1, 2, 3], "user": "u", "metadata": {"x": 1}})",
+                                                       false, id_only_model(), 77);
   ASSERT_EQ(r.prompts.size(), 1u);
   EXPECT_EQ(r.prompts[0], (std::vector<int64_t>{1, 2, 3}));
   EXPECT_EQ(r.max_tokens, 16);
@@ -138,8 +138,40 @@ TEST(ServeProtocol, LogprobsMatchADoubleRecompute) {
   EXPECT_EQ(token_logprob(ruled_out.data(), 2, 1, 0).logprob, -9999.0f);
 }
 
+TEST(ServeProtocol, FieldsKvpipeDoesNotImplementAreRefusedByName) {
+  for (const std::string field : {"unknown_field", "messages_unused", "guided_json", "stop_token_ids", "echo_prompt"}) {
+    try {
+      parse_completion_request(R"({"prompt": [1], ")" + field + R"(": 1})", false, id_only_model(), 1);
+      ADD_FAILURE() << field << " was accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, field);
+    }
+  }
+  // Chat-only fields on completions, and the reverse.
+  EXPECT_THROW(parse_completion_request(R"({"prompt": [1], "messages": []})", false, id_only_model(), 1), ApiError);
+  EXPECT_THROW(parse_completion_request(R"({"prompt": [1], "top_logprobs": 1})", false, id_only_model(), 1), ApiError);
+  // Penalties and bias reach the request; a constraint needs a tokenizer.
+  const CompletionRequest r = parse_completion_request(
+      R"({"prompt": [1], "presence_penalty": 0.5, "frequency_penalty": -1, "repetition_penalty": 1.1, "min_p": 0.2,
+          "min_tokens": 3, "logit_bias": {"5": -100, "7": 2}})",
+      false, id_only_model(), 1);
+  EXPECT_DOUBLE_EQ(r.processing.presence_penalty, 0.5);
+  EXPECT_DOUBLE_EQ(r.processing.frequency_penalty, -1.0);
+  EXPECT_DOUBLE_EQ(r.processing.repetition_penalty, 1.1);
+  EXPECT_DOUBLE_EQ(r.sampling.min_p, 0.2);
+  EXPECT_EQ(r.processing.min_tokens, 3);
+  EXPECT_EQ(r.processing.logit_bias, (std::vector<std::pair<int64_t, float>>{{5, -100.0f}, {7, 2.0f}}));
+  try {
+    parse_completion_request(R"({"prompt": [1], "structured_outputs": {"regex": "a+"}})", false, id_only_model(), 1);
+    ADD_FAILURE() << "a regex without a tokenizer was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "structured_outputs.regex");
+  }
+}
+
 TEST(ServeProtocol, ChunksAndUsageCountEachPromptOnce) {
-  const CompletionRequest r = parse_completion_request(R"({"messages_unused": 0, "prompt": [1, 2, 3], "n": 2,
+  const CompletionRequest r = parse_completion_request(R"({"store": false, "prompt": [1, 2, 3], "n": 2,
                                                           "stream": true, "return_token_ids": true})",
                                                        false, id_only_model(), 1);
   ResponseWriter w(r, "cmpl-1", 123, "tiny", nullptr);

@@ -60,6 +60,7 @@ StepBatch three_sequence_batch() {
   c.sampling.top_k = 0;
   c.sampling.top_p = 0.5;
   c.sampling.seed = 99;
+  c.sampling.min_p = 0.07;
 
   StepBatch batch = make_batch({a, b, c});
   batch.want_logits = true;
@@ -77,6 +78,8 @@ void expect_same_seq(const SeqStep& got, const SeqStep& want) {
   EXPECT_EQ(got.sampling.top_k, want.sampling.top_k);
   EXPECT_EQ(got.sampling.top_p, want.sampling.top_p);
   EXPECT_EQ(got.sampling.seed, want.sampling.seed);
+  EXPECT_EQ(got.sampling.stream, want.sampling.stream);
+  EXPECT_EQ(got.sampling.min_p, want.sampling.min_p);
   EXPECT_EQ(got.block_table, want.block_table);
 }
 
