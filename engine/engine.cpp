@@ -38,7 +38,7 @@ void redraw_processed_rows(const StepBatch& batch, const std::vector<Sequence*>&
     if (!request.processing.active() || out.tokens[at] == kNonFiniteToken) continue;
     row.assign(base + at * vocab, base + (at + 1) * vocab);
     apply_logits_processing(row.data(), vocab, request.processing, seqs[i]->tokens,
-                            static_cast<int64_t>(request.prompt.size()), stop_ids);
+                            static_cast<int64_t>(request.prompt.size()), stop_ids, request.max_new_tokens);
     out.tokens[at] = sample_token(row.data(), vocab, s.sampling, s.request_id, s.output_index);
   }
 }

@@ -10,12 +10,14 @@ namespace kvpipe {
 
 void apply_logits_processing(float* logits, int64_t vocab, const LogitsProcessing& p,
                              const std::vector<int64_t>& tokens, int64_t prompt_len,
-                             const std::vector<int64_t>& stop_ids) {
+                             const std::vector<int64_t>& stop_ids, int64_t max_output) {
   constexpr float kBanned = -std::numeric_limits<float>::infinity();
   const auto in_vocab = [vocab](int64_t id) { return id >= 0 && id < vocab; };
   prompt_len = std::clamp<int64_t>(prompt_len, 0, static_cast<int64_t>(tokens.size()));
   const int64_t output_len = static_cast<int64_t>(tokens.size()) - prompt_len;
-  if (p.constraint) p.constraint->mask(logits, vocab, tokens.data() + prompt_len, output_len);
+  if (p.constraint)
+    p.constraint->mask(logits, vocab, tokens.data() + prompt_len, output_len,
+                       max_output < 0 ? -1 : std::max<int64_t>(max_output - output_len, 0));
 
   for (const std::vector<int64_t>& word : p.bad_words) {
     if (word.empty() || !in_vocab(word.back())) continue;

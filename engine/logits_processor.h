@@ -46,8 +46,10 @@ struct LogitsProcessing {
 // Applies `p` in place to one row of `vocab` logits. `tokens` is the sequence so far, its
 // first `prompt_len` the prompt; `stop_ids` are the tokens min_tokens holds back (EOS).
 // Token ids outside the vocabulary are ignored (the request parsers refuse them).
+// `max_output` (the request's max_new_tokens; -1: none) lets a constraint leave room to
+// finish its match.
 void apply_logits_processing(float* logits, int64_t vocab, const LogitsProcessing& p,
                              const std::vector<int64_t>& tokens, int64_t prompt_len,
-                             const std::vector<int64_t>& stop_ids);
+                             const std::vector<int64_t>& stop_ids, int64_t max_output = -1);
 
 }  // namespace kvpipe

@@ -265,6 +265,7 @@ class Parser {
     }
     ByteSet ascii;
     std::vector<uint32_t> others;
+    bool class_escape = false;  // \d \w \s or their negations among the members
     bool first = true;
     for (;;) {
       if (at_end()) fail("an unterminated [");
@@ -279,6 +280,7 @@ class Parser {
         ++i_;
         if (read_escape(&s, &lo)) {
           ascii |= s;
+          class_escape = true;
           continue;
         }
       } else {
@@ -299,10 +301,14 @@ class Parser {
       if (hi < 0x80) ascii |= byte_range(static_cast<int>(lo), static_cast<int>(hi));
       else others.push_back(lo);
     }
-    // A negated class stands for the ASCII characters outside it: a subset of Python's
-    // meaning (which also takes every other character), so no match of ours is one Python
-    // refuses.
-    if (negated) return set_node(kAscii & ~ascii);
+    // A negated class of ASCII members takes every other character, as in Python. With a
+    // class escape among them it stands for the ASCII characters outside it alone: Python's
+    // \d \w \s also take characters outside ASCII, which this automaton cannot tell apart,
+    // so the ASCII part is the subset on which both agree.
+    if (negated) {
+      if (class_escape || !others.empty()) return set_node(kAscii & ~ascii);
+      return alt_node({set_node(kAscii & ~ascii), multibyte_char()});
+    }
     std::vector<Node> alts;
     if (ascii.any()) alts.push_back(set_node(ascii));
     for (uint32_t cp : others) alts.push_back(literal(text::codepoint_to_utf8(cp)));
@@ -534,6 +540,30 @@ RegexDfa::RegexDfa(const std::string& pattern, int32_t max_states) {
       table_[static_cast<size_t>(r) * 256 + b] = to;
       if (to >= 0) continues_[r] = 1;
     }
+  }
+  // Breadth first from the matches, over the transitions backwards.
+  std::vector<std::vector<int32_t>> into(kept);
+  for (int32_t r = 0; r < kept; ++r)
+    for (int b = 0; b < 256; ++b) {
+      const int32_t t = table_[static_cast<size_t>(r) * 256 + b];
+      if (t >= 0 && (into[t].empty() || into[t].back() != r)) into[t].push_back(r);
+    }
+  distance_.assign(kept, -1);
+  std::deque<int32_t> frontier;
+  for (int32_t r = 0; r < kept; ++r)
+    if (accepting_[r]) {
+      distance_[r] = 0;
+      frontier.push_back(r);
+    }
+  while (!frontier.empty()) {
+    const int32_t t = frontier.front();
+    frontier.pop_front();
+    for (int32_t r : into[t])
+      if (distance_[r] < 0) {
+        distance_[r] = distance_[t] + 1;
+        max_distance_ = std::max(max_distance_, distance_[r]);
+        frontier.push_back(r);
+      }
   }
 }
 

@@ -7,7 +7,9 @@
 // byte. The syntax is the subset structured outputs use, with Python's `re` meaning, matched
 // as re.fullmatch: literal characters (UTF-8) and escapes (\n \t \r \f \v \xHH \uHHHH, \. and
 // every other escaped punctuation), the classes \d \w \s \D \W \S, `.` (any character but a
-// newline), [...] and [^...] (ranges of ASCII characters; other characters as members),
+// newline), [...] and [^...] (ranges of ASCII characters; other characters as members; a
+// negated class takes every character outside it, only its ASCII ones where it holds a
+// class escape or a character outside ASCII),
 // groups (...), (?:...) and (?P<name>...), alternation |, quantifiers * + ? {n} {n,} {n,m}
 // (also lazy: the language is the same), ^ at the start and $ at the end. Guarantees: every
 // string the automaton accepts is one Python's re.fullmatch accepts (\d, \w and \s and their
@@ -36,6 +38,9 @@ class RegexDfa {
   // Some byte leads on from `state` (false: only the end of the text may follow).
   bool continues(int32_t state) const { return continues_[state] != 0; }
   int32_t num_states() const { return static_cast<int32_t>(accepting_.size()); }
+  // The fewest bytes from `state` to a match (0 at a match).
+  int32_t distance(int32_t state) const { return distance_[state]; }
+  int32_t max_distance() const { return max_distance_; }
 
   // The state after `bytes` from `state`, or kDead.
   int32_t walk(int32_t state, const std::string& bytes) const;
@@ -44,6 +49,8 @@ class RegexDfa {
  private:
   std::vector<int32_t> table_;  // [state][byte] -> state or kDead
   std::vector<uint8_t> accepting_, continues_;
+  std::vector<int32_t> distance_;
+  int32_t max_distance_ = 0;
 };
 
 // `text` with every character that is special in a regular expression escaped, so that the

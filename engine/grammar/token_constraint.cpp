@@ -56,7 +56,7 @@ const std::vector<uint64_t>& TokenConstraint::allowed(int32_t state, bool first)
   return cache_.emplace(key, std::move(bits)).first->second;
 }
 
-void TokenConstraint::mask(float* logits, int64_t vocab, const int64_t* output, int64_t n) const {
+void TokenConstraint::mask(float* logits, int64_t vocab, const int64_t* output, int64_t n, int64_t tokens_left) const {
   constexpr float kBanned = -std::numeric_limits<float>::infinity();
   const int32_t state = state_after(output, n);
   if (state == RegexDfa::kDead) {
@@ -73,6 +73,24 @@ void TokenConstraint::mask(float* logits, int64_t vocab, const int64_t* output, 
   for (int64_t id = 0; id < known; ++id)
     if (!((bits[id / 64] >> (id % 64)) & 1)) logits[id] = kBanned;
   for (int64_t id = known; id < vocab; ++id) logits[id] = kBanned;  // padding rows of the head
+  // Near the end of the budget: only tokens after which a match (and EOS) still fits. Where
+  // none would (a budget too small from the start), the plain mask stands.
+  const int64_t room = std::max<int64_t>(tokens_left - 2, 0);
+  if (tokens_left >= 0 && dfa_->max_distance() > room) {
+    std::vector<int64_t> keep;
+    std::string scratch;
+    for (int64_t id = 0; id < known; ++id) {
+      if (!((bits[id / 64] >> (id % 64)) & 1)) continue;
+      const int32_t next = dfa_->walk(state, token_text(id, n == 0, &scratch));
+      if (next >= 0 && dfa_->distance(next) <= room) keep.push_back(id);
+    }
+    if (!keep.empty() || !ends.empty()) {
+      std::vector<float> kept(keep.size());
+      for (size_t i = 0; i < keep.size(); ++i) kept[i] = logits[keep[i]];
+      for (int64_t id = 0; id < known; ++id) logits[id] = kBanned;
+      for (size_t i = 0; i < keep.size(); ++i) logits[keep[i]] = kept[i];
+    }
+  }
   for (int64_t id : vocabulary_->eos_ids)
     if (id >= 0 && id < vocab) logits[id] = kBanned;
   for (const auto& [id, logit] : ends) logits[id] = logit;

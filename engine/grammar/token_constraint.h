@@ -34,8 +34,13 @@ class TokenConstraint {
  public:
   TokenConstraint(std::shared_ptr<const RegexDfa> dfa, std::shared_ptr<const TokenVocabulary> vocabulary);
 
-  // Sets to -inf the logits of the tokens ruled out after `output` (its `n` tokens).
-  void mask(float* logits, int64_t vocab, const int64_t* output, int64_t n) const;
+  // Sets to -inf the logits of the tokens ruled out after `output` (its `n` tokens). With
+  // `tokens_left` (this one included; -1: no limit), near the end of the budget only tokens
+  // that leave room to finish are kept: those after which the fewest bytes to a match,
+  // plus end-of-sequence, still fit in what is left (a byte per token at worst, as every
+  // byte is a token of the vocabularies served), so that an answer ends as a whole match
+  // rather than cut off by max_tokens.
+  void mask(float* logits, int64_t vocab, const int64_t* output, int64_t n, int64_t tokens_left = -1) const;
 
   // The automaton's state after `output`, or RegexDfa::kDead where it left the language.
   int32_t state_after(const int64_t* output, int64_t n) const;

@@ -1,5 +1,6 @@
 #include "launch/serve/serve_protocol.h"
 
+#include "engine/grammar/json_schema.h"
 #include "engine/grammar/regex_dfa.h"
 #include "engine/grammar/token_constraint.h"
 #include "engine/text/tokenizer.h"
@@ -142,24 +143,18 @@ void refuse_unknown_fields(const json& body, bool chat) {
       "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "best_of", "stream", "stream_options",
       "stop", "seed", "logprobs", "ignore_eos", "return_token_ids", "presence_penalty", "frequency_penalty",
       "repetition_penalty", "min_tokens", "logit_bias", "bad_words", "structured_outputs", "guided_regex",
-      "guided_choice",
+      "guided_choice", "guided_json", "response_format",
       "user", "metadata", "store", "service_tier"};
   static const std::set<std::string> chat_only = {"messages", "max_completion_tokens", "top_logprobs",
-                                                  "response_format", "tools", "tool_choice", "parallel_tool_calls"};
+                                                  "tools", "tool_choice", "parallel_tool_calls"};
   static const std::set<std::string> completion_only = {"prompt", "echo", "suffix"};
   for (const auto& [key, value] : body.items()) {
     if (common.count(key) || (chat ? chat_only : completion_only).count(key)) continue;
     throw bad(key, "is not supported by kvpipe (refused rather than ignored)");
   }
   if (!chat) return;
-  // Constrained output and tool calls: what is asked of the answer's shape is refused until
-  // kvpipe can constrain it, except the forms that ask for nothing.
-  if (const json* rf = field(body, "response_format")) {
-    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
-      throw bad("response_format", "must be an object with a string \"type\"");
-    const std::string type = (*rf)["type"].get<std::string>();
-    if (type != "text") throw bad("response_format", "type \"" + type + "\" is not supported by kvpipe (only \"text\")");
-  }
+  // Tool calls are refused until kvpipe can parse and constrain them, except the forms
+  // that ask for nothing.
   const json* tools = field(body, "tools");
   if (tools && !(tools->is_array() && tools->empty()))
     throw bad("tools", "tool calls are not supported by kvpipe (send no tools)");
@@ -220,10 +215,37 @@ std::string choice_pattern(const json& v, const std::string& key) {
   return pattern;
 }
 
+// The pattern of a JSON Schema (an object, or its JSON text as vLLM also takes it). `v` is
+// read from the body parsed again with its keys in order (a schema's properties are
+// written in the order it gives them).
+std::string schema_pattern(const nlohmann::ordered_json& v, const std::string& key) {
+  nlohmann::ordered_json schema = v;
+  if (v.is_string()) {
+    try {
+      schema = nlohmann::ordered_json::parse(v.get<std::string>());
+    } catch (const nlohmann::ordered_json::exception& e) {
+      throw bad(key, std::string("is not valid JSON: ") + e.what());
+    }
+  }
+  if (!schema.is_object() && !schema.is_boolean()) throw bad(key, "must be a JSON Schema (an object)");
+  try {
+    return json_schema_regex(schema);
+  } catch (const std::invalid_argument& e) {
+    throw bad(key, e.what());
+  }
+}
+
 // The structured-output constraint a request asks for, or null: vLLM's
-// `structured_outputs: {regex | choice}` and its older `guided_regex` / `guided_choice`.
-// What kvpipe cannot constrain yet (json, grammar) is a 400 naming it.
-std::shared_ptr<const TokenConstraint> constraint_of(const json& body, const ServedModel& model) {
+// `structured_outputs: {regex | choice | json | json_object}`, its older `guided_regex`,
+// `guided_choice` and `guided_json`, and OpenAI's `response_format` (json_object,
+// json_schema). What kvpipe cannot constrain yet (a grammar) is a 400 naming it.
+std::shared_ptr<const TokenConstraint> constraint_of(const json& body, const std::string& text, const ServedModel& model) {
+  // The schemas' places, from the body with its keys in order.
+  auto in_order = [&text](std::initializer_list<const char*> path) {
+    nlohmann::ordered_json node = nlohmann::ordered_json::parse(text);
+    for (const char* key : path) node = nlohmann::ordered_json(node.at(key));
+    return node;
+  };
   std::string where, pattern;
   auto take = [&](const std::string& key, std::string p) {
     if (!where.empty()) throw bad(key, "one constraint per request (" + where + " is another)");
@@ -241,25 +263,44 @@ std::shared_ptr<const TokenConstraint> constraint_of(const json& body, const Ser
       const std::string key = "structured_outputs." + k;
       if (k == "regex") take(key, regex_of(v, key));
       else if (k == "choice") take(key, choice_pattern(v, key));
-      else throw bad(key, "is not supported by kvpipe (only regex and choice)");
+      else if (k == "json") take(key, schema_pattern(in_order({"structured_outputs", "json"}), key));
+      else if (k == "json_object" && v == true) take(key, json_object_regex());
+      else throw bad(key, "is not supported by kvpipe (regex, choice, json, json_object)");
     }
-    if (where.empty()) throw bad("structured_outputs", "names no constraint (regex or choice)");
+    if (where.empty()) throw bad("structured_outputs", "names no constraint (regex, choice, json or json_object)");
   }
   if (const json* v = field(body, "guided_regex")) take("guided_regex", regex_of(*v, "guided_regex"));
   if (const json* v = field(body, "guided_choice")) take("guided_choice", choice_pattern(*v, "guided_choice"));
+  if (field(body, "guided_json")) take("guided_json", schema_pattern(in_order({"guided_json"}), "guided_json"));
+  if (const json* rf = field(body, "response_format")) {
+    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
+      throw bad("response_format", "must be an object with a string \"type\"");
+    const std::string type = (*rf)["type"].get<std::string>();
+    if (type == "json_object") {
+      take("response_format", json_object_regex());
+    } else if (type == "json_schema") {
+      const json* js = field(*rf, "json_schema");
+      if (!js || !js->is_object() || !js->contains("schema"))
+        throw bad("response_format.json_schema", "must be an object with a \"schema\"");
+      take("response_format.json_schema.schema",
+           schema_pattern(in_order({"response_format", "json_schema", "schema"}), "response_format.json_schema.schema"));
+    } else if (type != "text") {
+      throw bad("response_format", "type \"" + type + "\" is not supported by kvpipe (text, json_object, json_schema)");
+    }
+  }
   if (where.empty()) return nullptr;
   if (!model.vocabulary) throw bad(where, "the model " + model.name + " has no tokenizer to match text with");
   if (bool_field(body, "ignore_eos", false)) throw bad("ignore_eos", "cannot be combined with " + where);
   try {
-    return std::make_shared<const TokenConstraint>(std::make_shared<const RegexDfa>(pattern), model.vocabulary);
+    return std::make_shared<const TokenConstraint>(std::make_shared<const RegexDfa>(pattern, 50000), model.vocabulary);
   } catch (const std::invalid_argument& e) {
     throw bad(where, e.what());
   }
 }
 
-LogitsProcessing processing_of(const json& body, const ServedModel& model) {
+LogitsProcessing processing_of(const json& body, const std::string& text, const ServedModel& model) {
   LogitsProcessing p;
-  p.constraint = constraint_of(body, model);
+  p.constraint = constraint_of(body, text, model);
   p.presence_penalty = number_field(body, "presence_penalty", 0.0, -2.0, 2.0);
   p.frequency_penalty = number_field(body, "frequency_penalty", 0.0, -2.0, 2.0);
   p.repetition_penalty = number_field(body, "repetition_penalty", 1.0, 0.0, 10.0, true);
@@ -380,7 +421,7 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
   const int64_t top_k = integer_field(body, "top_k", 0, -1, std::numeric_limits<int32_t>::max());
   r.sampling.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);
   r.sampling.min_p = number_field(body, "min_p", 0.0, 0.0, 1.0);
-  r.processing = processing_of(body, model);
+  r.processing = processing_of(body, text, model);
   if (const json* seed = field(body, "seed")) {
     if (!seed->is_number_integer()) throw bad("seed", "must be an integer");
     r.sampling.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : static_cast<uint64_t>(seed->get<int64_t>());

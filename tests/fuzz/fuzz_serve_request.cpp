@@ -3,6 +3,7 @@
 // which) against a served model with init-model's tokenizer and ChatML template, then the
 // response a parsed request gets. The server answers a bad body with an ApiError (400/404);
 // any other exception is a 500 and counts as a finding here.
+#include "engine/grammar/token_constraint.h"
 #include "engine/text/tokenizer_builder.h"
 #include "launch/model_text.h"
 #include "launch/serve/serve_protocol.h"
@@ -29,6 +30,7 @@ const kvpipe::ServedModel& served_model() {
     m.vocab_size = text.tokenizer()->vocab_size();
     m.max_context = 256;
     m.max_request_tokens = 256;
+    m.vocabulary = kvpipe::TokenVocabulary::of(*text.tokenizer(), {2});
     return m;
   }();
   return model;

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import unittest
 import urllib.error
 import urllib.request
 
@@ -120,6 +121,24 @@ class Server:
             self.proc.wait()
         if not self.stderr.closed:
             self.stderr.close()
+
+
+class ServedTestCase(unittest.TestCase):
+    """Tests that share one one-rank server (SmolLM2) and an OpenAI client of it; the server
+    must exit 0 on SIGTERM once they are done."""
+
+    @classmethod
+    def setUpClass(cls):
+        import openai
+        cls.server = Server()
+        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="unused", max_retries=0)
+        cls.model = cls.client.models.list().data[0].id
+
+    @classmethod
+    def tearDownClass(cls):
+        code = cls.server.terminate()
+        if code != 0:
+            raise AssertionError(f"kvpipe serve exited {code} after SIGTERM:\n{cls.server.log()}")
 
 
 def generate(*args, ranks=1):

@@ -18,7 +18,7 @@ import urllib.request
 
 import openai
 
-from serve_fixture import SMOLLM2, SOURCE, Server, generate, http
+from serve_fixture import SMOLLM2, SOURCE, Server, ServedTestCase, generate, http
 
 PROMPT = "The capital of France is"
 QUESTION = "What is the capital of France?"
@@ -28,19 +28,7 @@ def extra(obj, key):
     return obj.model_dump()[key]
 
 
-class OneRankServer(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.server = Server()
-        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="unused", max_retries=0)
-        cls.model = cls.client.models.list().data[0].id
-
-    @classmethod
-    def tearDownClass(cls):
-        code = cls.server.terminate()
-        if code != 0:
-            raise AssertionError(f"kvpipe serve exited {code} after SIGTERM:\n{cls.server.log()}")
-
+class OneRankServer(ServedTestCase):
     def complete(self, **kw):
         kw.setdefault("model", self.model)
         return self.client.completions.create(**kw)

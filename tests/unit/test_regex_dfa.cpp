@@ -1,10 +1,14 @@
 // RegexDfa (regular expressions as byte automata) and TokenConstraint (the token masks they
 // give): matches against Python's re.fullmatch meaning, written out by hand, the refusals,
 // and the masks of a small vocabulary state by state.
+#include "engine/grammar/json_schema.h"
 #include "engine/grammar/regex_dfa.h"
 #include "engine/grammar/token_constraint.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
 
 #include <cmath>
 #include <memory>
@@ -31,7 +35,8 @@ TEST(RegexDfa, MatchesAsPythonsFullmatch) {
       {"x{,2}y", {"y", "xy", "xxy"}, {"xxxy"}},
       {"x{1,3}?", {"x", "xxx"}, {"", "xxxx"}},
       {"\\d{3}-\\d{4}", {"555-1234"}, {"5551234", "55-1234", "abc-defg"}},
-      {"[a-c]+[^a-c]", {"abz", "c9"}, {"ab", "abc", "zz"}},
+      {"[a-c]+[^a-c]", {"abz", "c9", "a\xc3\xa9"}, {"ab", "abc", "zz"}},
+      {"[^\\d]", {"x", "-"}, {"5", "\xc3\xa9"}},  // with a class escape: ASCII alone
       {"[-a]", {"-", "a"}, {"b"}},
       {"[]a]", {"]", "a"}, {"b"}},
       {"\\w+@\\w+\\.(com|org)", {"a_b@c9.com", "x@y.org"}, {"a@b.net", "@b.com", "a b@c.com"}},
@@ -64,7 +69,7 @@ TEST(RegexDfa, EveryStateCanStillReachAMatch) {
   EXPECT_TRUE(dfa.accepting(s));
   EXPECT_FALSE(dfa.continues(s));
   // A branch that can never finish is pruned: after "x" only "y" leads to a match.
-  const RegexDfa pruned("x(y|[^\\x00-\\x7f])");
+  const RegexDfa pruned("x(y|[^\\x00-\\x7f\\d])");
   EXPECT_NE(pruned.walk(pruned.start(), "xy"), RegexDfa::kDead);
   for (int b = 0; b < 256; ++b)
     if (b != 'y') EXPECT_EQ(pruned.next(pruned.walk(pruned.start(), "x"), static_cast<uint8_t>(b)), RegexDfa::kDead) << b;
@@ -76,7 +81,7 @@ TEST(RegexDfa, RefusesWhatItDoesNotSupportByName) {
       {"(?=a)", "lookaround"},        {"(?i)a", "inline flags"},        {"\\1", "\\1"},
       {"\\bword", "\\b"},             {"*a", "nothing to repeat"},      {"a{3,1}", "m < n"},
       {"a{5000}", "above 1000"},      {"[z-a]", "below its start"},     {"[a-é]", "outside ASCII"},
-      {"a^b", "anchor"},              {"[^\\x00-\\x7f]", "matches nothing"}, {"a++", "possessive"},
+      {"a^b", "anchor"},              {"[^\\x00-\\x7f\\d]", "matches nothing"}, {"a++", "possessive"},
       {"\xff", "UTF-8"},              {"(a{1000}){1000}", "too complex"}, {"a{2}{3}", "multiple repeat"},
       {"a**", "multiple repeat"}};
   for (const auto& [pattern, want] : cases) {
@@ -132,6 +137,28 @@ TEST(TokenConstraint, MasksTokensByTheStateTheOutputReached) {
   EXPECT_FALSE(allowed_after(c, {}, 10)[9]);
 }
 
+TEST(TokenConstraint, NearTheEndOfItsBudgetOnlyTokensThatStillFinishAreKept) {
+  auto vocab = small_vocabulary();
+  const TokenConstraint c(std::make_shared<const RegexDfa>("(ab)+(ba)?"), vocab);
+  const RegexDfa& probe = RegexDfa("(ab)+(ba)?");
+  EXPECT_EQ(probe.distance(probe.start()), 2);
+  auto allowed = [&](const std::vector<int64_t>& output, int64_t left) {
+    std::vector<float> logits(8, 1.0f);
+    c.mask(logits.data(), 8, output.data(), static_cast<int64_t>(output.size()), left);
+    std::vector<bool> out;
+    for (float x : logits) out.push_back(std::isfinite(x));
+    return out;
+  };
+  // Plenty left: "a" and "ab" start a match.
+  EXPECT_EQ(allowed({}, 50), (std::vector<bool>{false, true, false, true, false, false, false, false}));
+  // Two tokens left (this one and EOS): only "ab", which completes a match at once.
+  EXPECT_EQ(allowed({}, 2), (std::vector<bool>{false, false, false, true, false, false, false, false}));
+  // After "ab" with two left: EOS, or "ab"/"ba" which end at a match; "a" (one byte short) is out.
+  EXPECT_EQ(allowed({3}, 2), (std::vector<bool>{true, false, false, true, false, false, true, false}));
+  // The last token: a match already made ends with EOS, or a token that makes one.
+  EXPECT_EQ(allowed({3}, 1), (std::vector<bool>{true, false, false, true, false, false, true, false}));
+}
+
 TEST(TokenConstraint, FirstTokenLosesTheSpaceASentencePieceDecoderDrops) {
   auto vocab = small_vocabulary();
   vocab->strips_leading_space = true;
@@ -141,6 +168,65 @@ TEST(TokenConstraint, FirstTokenLosesTheSpaceASentencePieceDecoderDrops) {
   EXPECT_EQ(c.state_after(std::vector<int64_t>{5, 2}.data(), 2), c.state_after(std::vector<int64_t>{1, 2}.data(), 2));
   const TokenConstraint spaced(std::make_shared<const RegexDfa>("a a"), vocab);
   EXPECT_TRUE(allowed_after(spaced, {1}, 8)[5]);
+}
+
+TEST(JsonSchemaRegex, MatchesTheJsonTheSchemaAllowsAsJsonDumpsWritesIt) {
+  const nlohmann::ordered_json schema = nlohmann::ordered_json::parse(R"({
+    "$defs": {"Pet": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}}, "required": ["kind"],
+                      "additionalProperties": false}},
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 5}, "age": {"type": "integer"},
+                   "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
+                   "pet": {"anyOf": [{"$ref": "#/$defs/Pet"}, {"type": "null"}]},
+                   "born": {"type": "string", "format": "date"}},
+    "required": ["name", "pet"], "additionalProperties": false})");
+  const RegexDfa dfa(json_schema_regex(schema), 50000);
+  for (const std::string ok : {R"({"name": "Ann", "pet": null})", R"({"name": "", "age": -3, "pet": {"kind": "cat"}})",
+                               R"({"name": "Bo", "tags": [], "pet": null, "born": "2020-02-29"})",
+                               R"({"name": "Bo", "tags": ["a", "b\n"], "pet": {"kind": "dog"}})"})
+    EXPECT_TRUE(dfa.full_match(ok)) << ok;
+  for (const std::string bad : {R"({"pet": null})", R"({"name": "Ann"})", R"({"name": "Annabel", "pet": null})",
+                                R"({"name": "A", "pet": {"kind": "cow"}})", R"({"name": "A", "tags": ["a", "b", "c"], "pet": null})",
+                                R"({"pet": null, "name": "A"})", R"({"name":"A","pet":null})",
+                                R"({"name": "A", "age": 1.5, "pet": null})", R"({"name": "A", "born": "2020-13-01", "pet": null})"})
+    EXPECT_FALSE(dfa.full_match(bad)) << bad;
+}
+
+TEST(JsonSchemaRegex, OptionalPropertiesAndFreeValues) {
+  const RegexDfa dfa(json_schema_regex(nlohmann::ordered_json::parse(
+      R"({"properties": {"a": {"type": "integer"}, "b": {}, "c": {"const": [1, {"x": true}]}}})")), 50000);
+  for (const std::string ok : {"{}", R"({"b": [1, "x", {"k": null}]})", R"({"a": 1, "c": [1, {"x": true}]})",
+                               R"({"c": [1, {"x": true}]})"})
+    EXPECT_TRUE(dfa.full_match(ok)) << ok;
+  for (const std::string bad : {R"({, "a": 1})", R"({"a": 1, })", R"({"c": [1]})"}) EXPECT_FALSE(dfa.full_match(bad)) << bad;
+  const auto t0 = std::chrono::steady_clock::now();
+  const RegexDfa any(json_object_regex(), 50000);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  for (const std::string ok : {"{}", R"({"a": {"b": [1, 2.5e3, "c"]}, "d": false})"}) EXPECT_TRUE(any.full_match(ok)) << ok;
+  for (const std::string bad : {"[]", "{", R"({"a": 01})", R"({a: 1})"}) EXPECT_FALSE(any.full_match(bad)) << bad;
+  std::printf("json_object automaton: %d states, %.1f ms\n", any.num_states(), ms);
+}
+
+TEST(JsonSchemaRegex, RefusesWhatItDoesNotSupportByKeywordAndPlace) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"type": "integer", "minimum": 3})", "minimum: is not supported"},
+      {R"({"properties": {"age": {"type": "integer", "maximum": 9}}})", "properties.age.maximum"},
+      {R"({"$defs": {"N": {"properties": {"next": {"$ref": "#/$defs/N"}}}}, "$ref": "#/$defs/N"})", "recursive"},
+      {R"({"$ref": "#/$defs/Missing"})", "not a schema"},
+      {R"({"type": "string", "format": "email"})", "format: \"email\""},
+      {R"j({"type": "string", "pattern": "(?=x)"})j", "pattern: lookaround"},
+      {R"({"type": "wat"})", "unknown type"},
+      {R"({"properties": {"a": {}}, "required": ["b"]})", "required"},
+      {R"({"allOf": [{}, {}]})", "allOf"},
+      {R"({"not": {}})", "not: is not supported"}};
+  for (const auto& [schema, want] : cases) {
+    try {
+      json_schema_regex(nlohmann::ordered_json::parse(schema));
+      ADD_FAILURE() << schema << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << schema << ": " << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,295 @@
+#include "engine/grammar/json_schema.h"
+
+#include "engine/grammar/regex_dfa.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+namespace kvpipe {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+constexpr int kFreeDepth = 3;
+
+const std::string kNull = "null";
+const std::string kBoolean = "(true|false)";
+const std::string kInteger = "-?(0|[1-9][0-9]{0,15})";
+const std::string kNumber = "-?(0|[1-9][0-9]{0,15})(\\.[0-9]{1,16})?([eE][+-]?[0-9]{1,3})?";
+// One character of a JSON string: anything but a quote, a backslash or a control character,
+// or a short escape.
+const std::string kStringChar = "([^\"\\\\\\x00-\\x1f]|\\\\[\"\\\\/bfnrt])";
+const std::string kString = "\"" + kStringChar + "*\"";
+// Strings of values a schema leaves free (and their keys): short, so that a sampled answer
+// ends (a model left free rambles inside an open string), and of printable ASCII, which
+// keeps the automaton of free JSON small (each character outside ASCII would add states
+// for its continuation bytes at every position).
+const std::string kFreeString = "\"([ !#-\\[\\]-~]|\\\\[\"\\\\/bfnrt]){0,32}\"";
+
+std::string group(const std::vector<std::string>& alternatives) {
+  std::string out = "(";
+  for (size_t i = 0; i < alternatives.size(); ++i) out += (i ? "|" : "") + alternatives[i];
+  return out + ")";
+}
+
+// Any JSON value nesting at most `depth` more levels.
+std::string free_value(int depth) {
+  std::vector<std::string> alts = {kFreeString, kNumber, kBoolean, kNull};
+  if (depth > 0) {
+    const std::string inner = free_value(depth - 1);
+    alts.push_back("\\[(" + inner + "(, " + inner + ")*)?\\]");
+    alts.push_back("\\{(" + kFreeString + ": " + inner + "(, " + kFreeString + ": " + inner + ")*)?\\}");
+  }
+  return group(alts);
+}
+
+// The literal `value` as json.dumps writes it (", " and ": " separators).
+std::string dumps(const json& value) {
+  if (value.is_array()) {
+    std::string out = "[";
+    for (size_t i = 0; i < value.size(); ++i) out += (i ? ", " : "") + dumps(value[i]);
+    return out + "]";
+  }
+  if (value.is_object()) {
+    std::string out = "{";
+    bool first = true;
+    for (const auto& [k, v] : value.items()) {
+      out += (first ? "" : ", ") + json(k).dump() + ": " + dumps(v);
+      first = false;
+    }
+    return out + "}";
+  }
+  return value.dump();
+}
+
+std::string repeat(const std::string& item, int64_t lo, int64_t hi) {
+  return "(" + item + "){" + std::to_string(lo) + "," + (hi < 0 ? "" : std::to_string(hi)) + "}";
+}
+
+class Compiler {
+ public:
+  explicit Compiler(const json& root) : root_(root) {}
+
+  std::string value(const json& s, const std::string& at) {
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) fail(at, "false (no value is valid)");
+      return free_value(kFreeDepth);
+    }
+    if (!s.is_object()) fail(at, "a schema must be an object or a boolean");
+    for (const auto& [key, v] : s.items()) {
+      static const std::set<std::string> known = {
+          "type", "properties", "required", "additionalProperties", "enum", "const", "items", "minItems",
+          "maxItems", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "minLength", "maxLength",
+          "pattern", "format", "title", "description", "default", "examples", "$schema", "$id", "$comment",
+          "deprecated", "readOnly", "writeOnly", "discriminator", "strict"};
+      if (!known.count(key)) fail(join(at, key), "is not supported");
+    }
+    if (s.contains("$ref")) return ref(s, at);
+    if (s.contains("const")) return regex_escape(dumps(s["const"]));
+    if (s.contains("enum")) {
+      const json& e = s["enum"];
+      if (!e.is_array() || e.empty()) fail(join(at, "enum"), "must be a non-empty list");
+      std::vector<std::string> alts;
+      for (const json& v : e) alts.push_back(regex_escape(dumps(v)));
+      return group(alts);
+    }
+    for (const char* key : {"anyOf", "oneOf"}) {
+      if (!s.contains(key)) continue;
+      const json& list = s[key];
+      if (!list.is_array() || list.empty()) fail(join(at, key), "must be a non-empty list of schemas");
+      std::vector<std::string> alts;
+      for (size_t i = 0; i < list.size(); ++i) alts.push_back(value(list[i], join(at, key) + "[" + std::to_string(i) + "]"));
+      return group(alts);
+    }
+    if (s.contains("allOf")) {
+      const json& list = s["allOf"];
+      if (!list.is_array() || list.size() != 1) fail(join(at, "allOf"), "is supported with one schema only");
+      return value(list[0], join(at, "allOf") + "[0]");
+    }
+    if (!s.contains("type")) {
+      if (s.contains("properties")) return object(s, at);
+      if (s.contains("items")) return array(s, at);
+      return free_value(kFreeDepth);
+    }
+    const json& type = s["type"];
+    if (type.is_array()) {
+      std::vector<std::string> alts;
+      for (const json& t : type) {
+        if (!t.is_string()) fail(join(at, "type"), "must be a string or a list of strings");
+        alts.push_back(of_type(t.get<std::string>(), s, at));
+      }
+      if (alts.empty()) fail(join(at, "type"), "must not be empty");
+      return group(alts);
+    }
+    if (!type.is_string()) fail(join(at, "type"), "must be a string or a list of strings");
+    return of_type(type.get<std::string>(), s, at);
+  }
+
+ private:
+  [[noreturn]] static void fail(const std::string& at, const std::string& what) {
+    throw std::invalid_argument((at.empty() ? std::string("the schema") : at) + ": " + what);
+  }
+  static std::string join(const std::string& at, const std::string& key) { return at.empty() ? key : at + "." + key; }
+
+  static int64_t count(const json& s, const char* key, const std::string& at, int64_t fallback) {
+    if (!s.contains(key)) return fallback;
+    const json& v = s[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 1000)
+      fail(join(at, key), "must be an integer in [0, 1000]");
+    return v.get<int64_t>();
+  }
+
+  std::string of_type(const std::string& type, const json& s, const std::string& at) {
+    if (type == "null") return kNull;
+    if (type == "boolean") return kBoolean;
+    if (type == "integer") return kInteger;
+    if (type == "number") return kNumber;
+    if (type == "string") return string(s, at);
+    if (type == "array") return array(s, at);
+    if (type == "object") return object(s, at);
+    fail(join(at, "type"), "unknown type \"" + type + "\"");
+  }
+
+  std::string string(const json& s, const std::string& at) {
+    if (s.contains("format")) {
+      const json& f = s["format"];
+      if (!f.is_string()) fail(join(at, "format"), "must be a string");
+      const std::string date = "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])";
+      const std::string time = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])";
+      const std::string name = f.get<std::string>();
+      if (name == "date") return "\"" + date + "\"";
+      if (name == "time") return "\"" + time + "\"";
+      if (name == "date-time") return "\"" + date + "T" + time + "\"";
+      if (name == "uuid") return "\"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\"";
+      fail(join(at, "format"), "\"" + name + "\" is not supported (date, time, date-time, uuid)");
+    }
+    if (s.contains("pattern")) {
+      const json& p = s["pattern"];
+      if (!p.is_string()) fail(join(at, "pattern"), "must be a string");
+      std::string body = p.get<std::string>();
+      if (!body.empty() && body.front() == '^') body.erase(0, 1);
+      if (!body.empty() && body.back() == '$' && (body.size() < 2 || body[body.size() - 2] != '\\')) body.pop_back();
+      try {
+        RegexDfa check(body);
+      } catch (const std::invalid_argument& e) {
+        fail(join(at, "pattern"), e.what());
+      }
+      return "\"(" + body + ")\"";
+    }
+    const int64_t lo = count(s, "minLength", at, 0), hi = count(s, "maxLength", at, -1);
+    if (hi >= 0 && hi < lo) fail(join(at, "maxLength"), "is below minLength");
+    if (lo == 0 && hi < 0) return kString;
+    return "\"" + repeat(kStringChar, lo, hi) + "\"";
+  }
+
+  std::string array(const json& s, const std::string& at) {
+    const std::string item = s.contains("items") ? value(s["items"], join(at, "items")) : free_value(kFreeDepth - 1);
+    const int64_t lo = count(s, "minItems", at, 0), hi = count(s, "maxItems", at, -1);
+    if (hi >= 0 && hi < lo) fail(join(at, "maxItems"), "is below minItems");
+    if (hi == 0) return "\\[\\]";
+    const std::string rest = repeat(", " + item, std::max<int64_t>(lo - 1, 0), hi < 0 ? -1 : hi - 1);
+    if (lo == 0) return "\\[(" + item + rest + ")?\\]";
+    return "\\[" + item + rest + "\\]";
+  }
+
+  std::string object(const json& s, const std::string& at) {
+    if (s.contains("additionalProperties")) {
+      const json& extra = s["additionalProperties"];
+      if (!extra.is_boolean() && !extra.is_object()) fail(join(at, "additionalProperties"), "must be a boolean or a schema");
+    }
+    if (!s.contains("properties")) {
+      if (s.contains("required") && !s["required"].empty()) fail(join(at, "required"), "needs properties");
+      const bool closed = s.contains("additionalProperties") && s["additionalProperties"] == false;
+      if (closed) return "\\{\\}";
+      const std::string v = s.contains("additionalProperties") && s["additionalProperties"].is_object()
+                                ? value(s["additionalProperties"], join(at, "additionalProperties"))
+                                : free_value(kFreeDepth - 1);
+      return "\\{(" + kFreeString + ": " + v + "(, " + kFreeString + ": " + v + ")*)?\\}";
+    }
+    const json& props = s["properties"];
+    if (!props.is_object()) fail(join(at, "properties"), "must be an object");
+    std::set<std::string> required;
+    if (s.contains("required")) {
+      const json& r = s["required"];
+      if (!r.is_array()) fail(join(at, "required"), "must be a list of property names");
+      for (const json& name : r) {
+        if (!name.is_string() || !props.contains(name.get<std::string>()))
+          fail(join(at, "required"), "names " + name.dump() + ", which is not among the properties");
+        required.insert(name.get<std::string>());
+      }
+    }
+    struct Property {
+      std::string regex;
+      bool required;
+    };
+    std::vector<Property> list;
+    for (const auto& [name, sub] : props.items())
+      list.push_back({regex_escape(json(name).dump()) + ": " + value(sub, join(join(at, "properties"), name)),
+                      required.count(name) > 0});
+    // After the first property written, each later one is ", P" (or optional); before it,
+    // one alternative per property that can come first (the first required one ends them).
+    auto after = [&](size_t from) {
+      std::string out;
+      for (size_t i = from; i < list.size(); ++i)
+        out += list[i].required ? ", " + list[i].regex : "(, " + list[i].regex + ")?";
+      return out;
+    };
+    std::vector<std::string> firsts;
+    bool all_optional = true;
+    for (size_t j = 0; j < list.size(); ++j) {
+      firsts.push_back(list[j].regex + after(j + 1));
+      if (list[j].required) {
+        all_optional = false;
+        break;
+      }
+    }
+    if (firsts.empty()) return "\\{\\}";
+    const std::string body = group(firsts);
+    return all_optional ? "\\{" + body + "?\\}" : "\\{" + body + "\\}";
+  }
+
+  std::string ref(const json& s, const std::string& at) {
+    const json& r = s["$ref"];
+    if (!r.is_string()) fail(join(at, "$ref"), "must be a string");
+    const std::string target = r.get<std::string>();
+    if (std::find(stack_.begin(), stack_.end(), target) != stack_.end())
+      fail(join(at, "$ref"), "\"" + target + "\" refers to itself (recursive schemas are not supported)");
+    const json* node = nullptr;
+    for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
+      const std::string p = prefix;
+      if (target.rfind(p, 0) != 0) continue;
+      const std::string section = p.substr(2, p.size() - 3);
+      const std::string name = target.substr(p.size());
+      if (root_.is_object() && root_.contains(section) && root_[section].is_object() && root_[section].contains(name))
+        node = &root_[section][name];
+    }
+    if (node == nullptr) fail(join(at, "$ref"), "\"" + target + "\" is not a schema under #/$defs or #/definitions");
+    if (s.size() > 1)
+      for (const auto& [key, v] : s.items())
+        if (key != "$ref" && key != "title" && key != "description" && key != "default" && key != "$defs" &&
+            key != "definitions")
+          fail(join(at, key), "beside $ref is not supported");
+    stack_.push_back(target);
+    const std::string out = value(*node, target.substr(2));
+    stack_.pop_back();
+    return out;
+  }
+
+  const json& root_;
+  std::vector<std::string> stack_;
+};
+
+}  // namespace
+
+std::string json_schema_regex(const nlohmann::ordered_json& schema) { return Compiler(schema).value(schema, ""); }
+
+std::string json_object_regex() {
+  const std::string v = free_value(kFreeDepth - 1);
+  return "\\{(" + kFreeString + ": " + v + "(, " + kFreeString + ": " + v + ")*)?\\}";
+}
+
+}  // namespace kvpipe
