@@ -282,6 +282,9 @@ std::shared_ptr<const TokenConstraint> constraint_of(const json& body, const std
       const json* js = field(*rf, "json_schema");
       if (!js || !js->is_object() || !js->contains("schema"))
         throw bad("response_format.json_schema", "must be an object with a \"schema\"");
+      for (const auto& [k, v] : js->items())
+        if (k != "name" && k != "description" && k != "schema" && k != "strict")
+          throw bad("response_format.json_schema." + k, "is not supported by kvpipe (name, description, schema, strict)");
       take("response_format.json_schema.schema",
            schema_pattern(in_order({"response_format", "json_schema", "schema"}), "response_format.json_schema.schema"));
     } else if (type != "text") {
