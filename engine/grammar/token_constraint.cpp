@@ -5,9 +5,31 @@
 
 #include <algorithm>
 #include <limits>
+#include <stdexcept>
 #include <utility>
 
 namespace kvpipe {
+
+void TokenVocabulary::index() {
+  sorted.clear();
+  shared_prefix.clear();
+  for (size_t id = 0; id < bytes.size(); ++id)
+    if (!bytes[id].empty()) sorted.push_back(static_cast<int32_t>(id));
+  std::sort(sorted.begin(), sorted.end(), [&](int32_t a, int32_t b) { return bytes[a] < bytes[b]; });
+  shared_prefix.resize(sorted.size(), 0);
+  sorted_bytes.clear();
+  sorted_offset.assign(1, 0);
+  for (int32_t id : sorted) {
+    sorted_bytes += bytes[id];
+    sorted_offset.push_back(static_cast<uint32_t>(sorted_bytes.size()));
+  }
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    const std::string &a = bytes[sorted[i - 1]], &b = bytes[sorted[i]];
+    size_t n = 0;
+    while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+    shared_prefix[i] = static_cast<int32_t>(n);
+  }
+}
 
 std::shared_ptr<const TokenVocabulary> TokenVocabulary::of(const Tokenizer& tokenizer, std::vector<int64_t> eos_ids) {
   auto v = std::make_shared<TokenVocabulary>();
@@ -17,11 +39,15 @@ std::shared_ptr<const TokenVocabulary> TokenVocabulary::of(const Tokenizer& toke
     if (!tokenizer.is_special(id)) v->bytes[id] = tokenizer.token_bytes(id);
   v->eos_ids = std::move(eos_ids);
   v->strips_leading_space = tokenizer.strips_leading_space();
+  v->index();
   return v;
 }
 
 TokenConstraint::TokenConstraint(std::shared_ptr<const RegexDfa> dfa, std::shared_ptr<const TokenVocabulary> vocabulary)
-    : dfa_(std::move(dfa)), vocabulary_(std::move(vocabulary)) {}
+    : dfa_(std::move(dfa)), vocabulary_(std::move(vocabulary)) {
+  if (vocabulary_->sorted.empty() && !vocabulary_->bytes.empty())
+    throw std::logic_error("TokenConstraint: the vocabulary is not indexed (TokenVocabulary::index)");
+}
 
 const std::string& TokenConstraint::token_text(int64_t id, bool first, std::string* scratch) const {
   const std::string& b = vocabulary_->bytes[id];
@@ -41,54 +67,123 @@ int32_t TokenConstraint::state_after(const int64_t* output, int64_t n) const {
   return state;
 }
 
-const std::vector<uint64_t>& TokenConstraint::allowed(int32_t state, bool first) const {
+std::vector<int32_t> TokenConstraint::walk_vocabulary(int32_t state, bool first, int64_t room,
+                                                      int32_t* max_end_distance) const {
+  std::vector<int32_t> out;
+  int32_t farthest = 0;
+  const TokenVocabulary& v = *vocabulary_;
+  if (first && v.strips_leading_space) {
+    // The first token of a SentencePiece output loses its leading space: the sorted order
+    // (of the stored bytes) does not hold for what it writes, so each token is walked alone.
+    std::string scratch;
+    for (int32_t id : v.sorted) {
+      const std::string& text = token_text(id, true, &scratch);
+      if (text.empty()) continue;
+      const int32_t end = dfa_->walk(state, text);
+      if (end >= 0 && (room < 0 || dfa_->distance(end) <= room)) {
+        out.push_back(id);
+        farthest = std::max(farthest, dfa_->distance(end));
+      }
+    }
+    if (max_end_distance) *max_end_distance = farthest;
+    return out;
+  }
+  // states[j]: the state after the first j bytes of the previous token, valid up to `alive`
+  // bytes (where it left the language, or its length).
+  std::vector<int32_t> states(1, state);
+  size_t alive = 0;
+  const char* flat = v.sorted_bytes.data();
+  for (size_t i = 0; i < v.sorted.size(); ++i) {
+    const size_t shared = i == 0 ? 0 : static_cast<size_t>(v.shared_prefix[i]);
+    if (shared > alive) continue;  // it starts with the prefix that left the language
+    const char* b = flat + v.sorted_offset[i];
+    const size_t len = v.sorted_offset[i + 1] - v.sorted_offset[i];
+    if (states.size() < len + 1) states.resize(len + 1);
+    size_t j = shared;
+    for (; j < len; ++j) {
+      const int32_t next = dfa_->next(states[j], static_cast<uint8_t>(b[j]));
+      if (next < 0) break;
+      states[j + 1] = next;
+    }
+    alive = j;
+    if (j == len) {
+      const int32_t d = dfa_->distance(states[j]);
+      if (room < 0 || d <= room) {
+        out.push_back(v.sorted[i]);
+        farthest = std::max(farthest, d);
+      }
+    }
+  }
+  if (max_end_distance) *max_end_distance = farthest;
+  return out;
+}
+
+const TokenConstraint::Allowed& TokenConstraint::allowed(int32_t state, bool first) const {
   const int64_t key = static_cast<int64_t>(state) * 2 + (first ? 1 : 0);
   const auto it = cache_.find(key);
   if (it != cache_.end()) return it->second;
+  Allowed a;
+  a.ids = walk_vocabulary(state, first, -1, &a.max_end_distance);
   const size_t vocab = vocabulary_->bytes.size();
-  std::vector<uint64_t> bits((vocab + 63) / 64, 0);
-  std::string scratch;
-  for (size_t id = 0; id < vocab; ++id) {
-    const std::string& text = token_text(static_cast<int64_t>(id), first, &scratch);
-    if (text.empty()) continue;  // special tokens, and pieces that write nothing
-    if (dfa_->walk(state, text) != RegexDfa::kDead) bits[id / 64] |= uint64_t{1} << (id % 64);
+  if (a.ids.size() > vocab / 2) {
+    std::vector<char> in(vocab, 0);
+    for (int32_t id : a.ids) in[id] = 1;
+    a.ids.clear();
+    for (size_t id = 0; id < vocab; ++id)
+      if (!in[id]) a.ids.push_back(static_cast<int32_t>(id));
+    a.rejected = true;
+  } else {
+    std::sort(a.ids.begin(), a.ids.end());
   }
-  return cache_.emplace(key, std::move(bits)).first->second;
+  return cache_.emplace(key, std::move(a)).first->second;
 }
 
 void TokenConstraint::mask(float* logits, int64_t vocab, const int64_t* output, int64_t n, int64_t tokens_left) const {
   constexpr float kBanned = -std::numeric_limits<float>::infinity();
   const int32_t state = state_after(output, n);
   if (state == RegexDfa::kDead) {
-    for (int64_t id = 0; id < vocab; ++id) logits[id] = kBanned;
+    std::fill(logits, logits + vocab, kBanned);
     return;
   }
-  const std::vector<uint64_t>& bits = allowed(state, n == 0);
+  const bool first = n == 0;
+  const int64_t known = std::min<int64_t>(vocab, static_cast<int64_t>(vocabulary_->bytes.size()));
   // End-of-sequence keeps its own logit where the text is a whole match, and only there.
   std::vector<std::pair<int64_t, float>> ends;
   if (dfa_->accepting(state))
     for (int64_t id : vocabulary_->eos_ids)
       if (id >= 0 && id < vocab) ends.emplace_back(id, logits[id]);
-  const int64_t known = std::min<int64_t>(vocab, static_cast<int64_t>(vocabulary_->bytes.size()));
-  for (int64_t id = 0; id < known; ++id)
-    if (!((bits[id / 64] >> (id % 64)) & 1)) logits[id] = kBanned;
-  for (int64_t id = known; id < vocab; ++id) logits[id] = kBanned;  // padding rows of the head
+  // Keeps only `ids` of the row.
+  auto keep_only = [&](const std::vector<int32_t>& ids) {
+    std::vector<float> kept(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) kept[i] = ids[i] < vocab ? logits[ids[i]] : kBanned;
+    std::fill(logits, logits + vocab, kBanned);
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] < vocab) logits[ids[i]] = kept[i];
+  };
   // Near the end of the budget: only tokens after which a match (and EOS) still fits. Where
   // none would (a budget too small from the start), the plain mask stands.
   const int64_t room = std::max<int64_t>(tokens_left - 2, 0);
-  if (tokens_left >= 0 && dfa_->max_distance() > room) {
-    std::vector<int64_t> keep;
-    std::string scratch;
-    for (int64_t id = 0; id < known; ++id) {
-      if (!((bits[id / 64] >> (id % 64)) & 1)) continue;
-      const int32_t next = dfa_->walk(state, token_text(id, n == 0, &scratch));
-      if (next >= 0 && dfa_->distance(next) <= room) keep.push_back(id);
+  const Allowed& a = allowed(state, first);
+  const bool binding = tokens_left >= 0 && a.max_end_distance > room;
+  std::vector<int32_t> finishing;
+  if (binding) {
+    if (a.rejected) {
+      finishing = walk_vocabulary(state, first, room);
+    } else {
+      std::string scratch;
+      for (int32_t id : a.ids)
+        if (dfa_->distance(dfa_->walk(state, token_text(id, first, &scratch))) <= room) finishing.push_back(id);
     }
-    if (!keep.empty() || !ends.empty()) {
-      std::vector<float> kept(keep.size());
-      for (size_t i = 0; i < keep.size(); ++i) kept[i] = logits[keep[i]];
-      for (int64_t id = 0; id < known; ++id) logits[id] = kBanned;
-      for (size_t i = 0; i < keep.size(); ++i) logits[keep[i]] = kept[i];
+  }
+  if (binding && (!finishing.empty() || !ends.empty())) {
+    keep_only(finishing);
+  } else {
+    if (a.rejected) {
+      for (int32_t id : a.ids)
+        if (id < vocab) logits[id] = kBanned;
+      for (int64_t id = known; id < vocab; ++id) logits[id] = kBanned;  // padding rows of the head
+    } else {
+      keep_only(a.ids);
     }
   }
   for (int64_t id : vocabulary_->eos_ids)
@@ -98,8 +193,25 @@ void TokenConstraint::mask(float* logits, int64_t vocab, const int64_t* output, 
 
 size_t TokenConstraint::cache_bytes() const {
   size_t total = 0;
-  for (const auto& [key, bits] : cache_) total += bits.size() * sizeof(uint64_t) + sizeof(key);
+  for (const auto& [key, a] : cache_) total += a.ids.size() * sizeof(int32_t) + sizeof(key) + sizeof(a);
   return total;
+}
+
+std::shared_ptr<const TokenConstraint> ConstraintCache::get(const std::string& pattern, int32_t max_states) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = recent_.begin(); it != recent_.end(); ++it)
+      if (it->first == pattern) {
+        recent_.splice(recent_.begin(), recent_, it);
+        return recent_.front().second;
+      }
+  }
+  // Compiled outside the lock: a large schema takes a while, and other requests go on.
+  auto made = std::make_shared<const TokenConstraint>(std::make_shared<const RegexDfa>(pattern, max_states), vocabulary_);
+  std::lock_guard<std::mutex> lock(mutex_);
+  recent_.emplace_front(pattern, made);
+  if (recent_.size() > capacity_) recent_.pop_back();
+  return made;
 }
 
 }  // namespace kvpipe

@@ -12,7 +12,9 @@
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -26,7 +28,15 @@ struct TokenVocabulary {
   std::vector<std::string> bytes;  // what each token writes into the text ("" for special tokens)
   std::vector<int64_t> eos_ids;    // end-of-sequence: allowed where the text is a whole match
   bool strips_leading_space = false;
+  // The tokens that write something, by their bytes, and the bytes each shares with the one
+  // before it: a walk over them steps the automaton once per distinct prefix and skips the
+  // tokens under a prefix that left the language (index() fills them).
+  std::vector<int32_t> sorted;
+  std::vector<int32_t> shared_prefix;
+  std::string sorted_bytes;             // their bytes one after the other, in that order
+  std::vector<uint32_t> sorted_offset;  // where each starts in sorted_bytes (and the end)
 
+  void index();
   static std::shared_ptr<const TokenVocabulary> of(const Tokenizer& tokenizer, std::vector<int64_t> eos_ids);
 };
 
@@ -50,12 +60,42 @@ class TokenConstraint {
   size_t cache_bytes() const;
 
  private:
+  // The tokens allowed from a state: their ids, or (`rejected`) the ids of all the others,
+  // whichever list is shorter.
+  struct Allowed {
+    std::vector<int32_t> ids;
+    bool rejected = false;
+    int32_t max_end_distance = 0;  // the most bytes to a match after one of them
+  };
+
   const std::string& token_text(int64_t id, bool first, std::string* scratch) const;
-  const std::vector<uint64_t>& allowed(int32_t state, bool first) const;
+  const Allowed& allowed(int32_t state, bool first) const;
+  // The tokens that keep `state` alive and end where at most `room` bytes remain to a match
+  // (-1: any), in vocabulary order of their bytes.
+  std::vector<int32_t> walk_vocabulary(int32_t state, bool first, int64_t room, int32_t* max_end_distance = nullptr) const;
 
   std::shared_ptr<const RegexDfa> dfa_;
   std::shared_ptr<const TokenVocabulary> vocabulary_;
-  mutable std::unordered_map<int64_t, std::vector<uint64_t>> cache_;  // (state, first) -> bit per token
+  mutable std::unordered_map<int64_t, Allowed> cache_;  // (state, first) -> allowed tokens
+};
+
+// The constraints of the patterns recently asked for, so that requests with the same schema
+// or regex share one automaton and one cache of masks (the first request pays for a state's
+// mask, the next ones look it up). Thread-safe: request parsers on several threads get from
+// it; the constraints it hands out are then used by the engine's thread alone.
+class ConstraintCache {
+ public:
+  ConstraintCache(std::shared_ptr<const TokenVocabulary> vocabulary, size_t capacity = 64)
+      : vocabulary_(std::move(vocabulary)), capacity_(capacity) {}
+
+  // The constraint of `pattern`, compiled on first use (std::invalid_argument as RegexDfa).
+  std::shared_ptr<const TokenConstraint> get(const std::string& pattern, int32_t max_states);
+
+ private:
+  std::shared_ptr<const TokenVocabulary> vocabulary_;
+  size_t capacity_;
+  std::mutex mutex_;
+  std::list<std::pair<std::string, std::shared_ptr<const TokenConstraint>>> recent_;  // most recent first
 };
 
 }  // namespace kvpipe

@@ -244,6 +244,7 @@ void serve(const ServeOptions& o, World& world) {
       for (int64_t id : plan.model.eos_token_ids)
         if (std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
       served.vocabulary = TokenVocabulary::of(*tokenizer, eos);
+      served.constraints = std::make_shared<ConstraintCache>(served.vocabulary);
     }
     metrics = std::make_unique<ServeMetrics>(served.name);
     queue = std::make_unique<ServeQueue>(o.max_requests);

@@ -295,7 +295,9 @@ std::shared_ptr<const TokenConstraint> constraint_of(const json& body, const std
   if (!model.vocabulary) throw bad(where, "the model " + model.name + " has no tokenizer to match text with");
   if (bool_field(body, "ignore_eos", false)) throw bad("ignore_eos", "cannot be combined with " + where);
   try {
-    return std::make_shared<const TokenConstraint>(std::make_shared<const RegexDfa>(pattern, 50000), model.vocabulary);
+    constexpr int32_t kMaxStates = 50000;
+    if (model.constraints) return model.constraints->get(pattern, kMaxStates);
+    return std::make_shared<const TokenConstraint>(std::make_shared<const RegexDfa>(pattern, kMaxStates), model.vocabulary);
   } catch (const std::invalid_argument& e) {
     throw bad(where, e.what());
   }

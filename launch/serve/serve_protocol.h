@@ -28,6 +28,7 @@ namespace kvpipe {
 class ModelText;
 class Tokenizer;
 struct TokenVocabulary;
+class ConstraintCache;
 
 // An error as the client sees it: an HTTP status and OpenAI's error object.
 struct ApiError : std::runtime_error {
@@ -48,6 +49,9 @@ struct ServedModel {
   const ModelText* text = nullptr;  // tokenizer and chat template (the tokenizer may be absent)
   // Every token's bytes, for structured outputs (null without a tokenizer).
   std::shared_ptr<const TokenVocabulary> vocabulary;
+  // Compiled constraints shared by the requests that ask for the same pattern (null: each
+  // request compiles its own).
+  std::shared_ptr<ConstraintCache> constraints;
   int64_t vocab_size = 0;
   int64_t max_context = 0;          // prompt + output tokens
   int64_t max_request_tokens = 0;   // prompt + max_tokens that the KV pool can hold

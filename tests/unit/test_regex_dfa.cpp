@@ -107,6 +107,7 @@ std::shared_ptr<TokenVocabulary> small_vocabulary() {
   //          0: EOS (special)  1     2     3      4       5      6     7
   v->bytes = {"",              "a", "b", "ab", "abc", " a",  "ba", "\xc3"};
   v->eos_ids = {0};
+  v->index();
   return v;
 }
 
@@ -162,6 +163,7 @@ TEST(TokenConstraint, NearTheEndOfItsBudgetOnlyTokensThatStillFinishAreKept) {
 TEST(TokenConstraint, FirstTokenLosesTheSpaceASentencePieceDecoderDrops) {
   auto vocab = small_vocabulary();
   vocab->strips_leading_space = true;
+  vocab->index();
   const TokenConstraint c(std::make_shared<const RegexDfa>("ab"), vocab);
   // " a" writes "a" as the first token of a SentencePiece output, " a" after it.
   EXPECT_TRUE(allowed_after(c, {}, 8)[5]);
