@@ -300,7 +300,7 @@ ordered_json make_report(const ReportInputs& in) {
   report["requests"] = {{"completed", static_cast<int64_t>(m.rows.size())},
                         {"prompt_tokens", prompt_tokens},
                         {"output_tokens", output_tokens}};
-  report["duration_s"] = round3(duration_s);
+  report["duration_s"] = round6(duration_s);
   const double d = std::max(duration_s, 1e-9);
   report["throughput"] = {{"output_tokens_per_s", round3(output_tokens / d)},
                           {"total_tokens_per_s", round3((prompt_tokens + output_tokens) / d)},

@@ -414,7 +414,7 @@ ordered_json make_report(const BenchOptions& o, const JobConfig& job, const Mode
       {"prompt_tokens", m.prompt_tokens},
       {"output_tokens", m.output_tokens},
       {"first_error", m.first_error.empty() ? ordered_json(nullptr) : ordered_json(m.first_error)}};
-  report["duration_s"] = round3(m.duration_s);
+  report["duration_s"] = round6(m.duration_s);
   const double d = std::max(m.duration_s, 1e-9);
   report["throughput"] = {{"output_tokens_per_s", round3(m.output_tokens / d)},
                           {"total_tokens_per_s", round3((m.prompt_tokens + m.output_tokens) / d)},

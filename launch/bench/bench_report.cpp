@@ -35,6 +35,7 @@ Distribution summarize(std::vector<double> values) {
 }
 
 double round3(double v) { return std::round(v * 1000.0) / 1000.0; }
+double round6(double v) { return std::round(v * 1e6) / 1e6; }
 
 ordered_json to_json(const Distribution& d) {
   return ordered_json{{"count", d.count},       {"mean", round3(d.mean)}, {"median", round3(d.median)},

@@ -25,6 +25,9 @@ struct Distribution {
 
 // `v` rounded to 3 decimals, as report.json keeps its figures.
 double round3(double v);
+// To the microsecond: a run's duration, which rates are derived from (a run of a few tens
+// of milliseconds rounded to the millisecond would be off by a percent or more).
+double round6(double v);
 
 // q in [0, 1] of already sorted values; 0 when empty.
 double percentile(const std::vector<double>& sorted, double q);
