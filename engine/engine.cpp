@@ -25,9 +25,6 @@ bool all_greedy(const StepBatch& batch) {
 // drew from the raw logits (the processing reads what only the coordinator holds).
 void redraw_processed_rows(const StepBatch& batch, const std::vector<Sequence*>& seqs, StepOutput& out,
                            const std::vector<int64_t>& stop_ids) {
-  if (!out.logits.defined()) return;
-  const int64_t vocab = out.logits.size(1);
-  const float* base = out.logits.data_ptr<float>();
   std::vector<float> row;
   int64_t k = 0;
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
@@ -36,6 +33,10 @@ void redraw_processed_rows(const StepBatch& batch, const std::vector<Sequence*>&
     const int64_t at = k++;
     const Request& request = seqs[i]->request;
     if (!request.processing.active() || out.tokens[at] == kNonFiniteToken) continue;
+    // The batch asked for them (Engine::run): a step without them would drop the processing.
+    if (!out.logits.defined()) throw std::logic_error("a processed row came back without its logits");
+    const int64_t vocab = out.logits.size(1);
+    const float* base = out.logits.data_ptr<float>();
     row.assign(base + at * vocab, base + (at + 1) * vocab);
     apply_logits_processing(row.data(), vocab, request.processing, seqs[i]->tokens,
                             static_cast<int64_t>(request.prompt.size()), stop_ids, request.max_new_tokens);

@@ -110,10 +110,8 @@ class Parser {
   }
 
   bool at_end() const { return i_ >= p_.size(); }
-  // '$' that ends the pattern or the group it closes the last alternative of.
-  bool is_end_anchor() const {
-    return p_[i_] == '$' && (i_ + 1 == p_.size());
-  }
+  // '$' as the pattern's last character (the only place an anchor is taken).
+  bool is_end_anchor() const { return p_[i_] == '$' && i_ + 1 == p_.size(); }
 
   Node parse_alt() {
     std::vector<Node> alts = {parse_seq()};

@@ -191,12 +191,6 @@ void TokenConstraint::mask(float* logits, int64_t vocab, const int64_t* output, 
   for (const auto& [id, logit] : ends) logits[id] = logit;
 }
 
-size_t TokenConstraint::cache_bytes() const {
-  size_t total = 0;
-  for (const auto& [key, a] : cache_) total += a.ids.size() * sizeof(int32_t) + sizeof(key) + sizeof(a);
-  return total;
-}
-
 std::shared_ptr<const TokenConstraint> ConstraintCache::get(const std::string& pattern, int32_t max_states) {
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -55,9 +55,8 @@ class TokenConstraint {
   // The automaton's state after `output`, or RegexDfa::kDead where it left the language.
   int32_t state_after(const int64_t* output, int64_t n) const;
 
-  // Tokens the cache holds masks for, and its bytes.
+  // The automaton states (first token or later) whose masks the cache holds.
   size_t cached_states() const { return cache_.size(); }
-  size_t cache_bytes() const;
 
  private:
   // The tokens allowed from a state: their ids, or (`rejected`) the ids of all the others,

@@ -111,9 +111,10 @@ std::shared_ptr<TokenVocabulary> small_vocabulary() {
   return v;
 }
 
-std::vector<bool> allowed_after(const TokenConstraint& c, const std::vector<int64_t>& output, int64_t vocab) {
+std::vector<bool> allowed_after(const TokenConstraint& c, const std::vector<int64_t>& output, int64_t vocab,
+                                int64_t tokens_left = -1) {
   std::vector<float> logits(vocab, 1.0f);
-  c.mask(logits.data(), vocab, output.data(), static_cast<int64_t>(output.size()));
+  c.mask(logits.data(), vocab, output.data(), static_cast<int64_t>(output.size()), tokens_left);
   std::vector<bool> out;
   for (float x : logits) out.push_back(std::isfinite(x));
   return out;
@@ -143,13 +144,7 @@ TEST(TokenConstraint, NearTheEndOfItsBudgetOnlyTokensThatStillFinishAreKept) {
   const TokenConstraint c(std::make_shared<const RegexDfa>("(ab)+(ba)?"), vocab);
   const RegexDfa& probe = RegexDfa("(ab)+(ba)?");
   EXPECT_EQ(probe.distance(probe.start()), 2);
-  auto allowed = [&](const std::vector<int64_t>& output, int64_t left) {
-    std::vector<float> logits(8, 1.0f);
-    c.mask(logits.data(), 8, output.data(), static_cast<int64_t>(output.size()), left);
-    std::vector<bool> out;
-    for (float x : logits) out.push_back(std::isfinite(x));
-    return out;
-  };
+  auto allowed = [&](const std::vector<int64_t>& output, int64_t left) { return allowed_after(c, output, 8, left); };
   // Plenty left: "a" and "ab" start a match.
   EXPECT_EQ(allowed({}, 50), (std::vector<bool>{false, true, false, true, false, false, false, false}));
   // Two tokens left (this one and EOS): only "ab", which completes a match at once.
