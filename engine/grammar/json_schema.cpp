@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <vector>
@@ -15,6 +16,16 @@ namespace {
 using json = nlohmann::ordered_json;
 
 constexpr int kFreeDepth = 3;
+// A recursive $ref nests inside itself at most this many times.
+constexpr int kRefDepth = 3;
+constexpr size_t kMaxPattern = size_t{512} << 10;
+
+// Thrown where a schema would need a recursive $ref once more than kRefDepth allows: a
+// place that can do without it (an optional property, an array that may be empty, another
+// alternative) drops it; elsewhere it propagates, up to "recurses without an end".
+struct TooDeep {
+  std::string at;
+};
 
 const std::string kNull = "null";
 const std::string kBoolean = "(true|false)";
@@ -102,7 +113,15 @@ class Compiler {
       const json& list = s[key];
       if (!list.is_array() || list.empty()) fail(join(at, key), "must be a non-empty list of schemas");
       std::vector<std::string> alts;
-      for (size_t i = 0; i < list.size(); ++i) alts.push_back(value(list[i], join(at, key) + "[" + std::to_string(i) + "]"));
+      std::optional<TooDeep> deep;
+      for (size_t i = 0; i < list.size(); ++i) {
+        try {
+          alts.push_back(value(list[i], join(at, key) + "[" + std::to_string(i) + "]"));
+        } catch (const TooDeep& d) {
+          deep = d;  // this alternative needs more recursion: the others remain
+        }
+      }
+      if (alts.empty()) throw *deep;
       return group(alts);
     }
     if (s.contains("allOf")) {
@@ -118,10 +137,16 @@ class Compiler {
     const json& type = s["type"];
     if (type.is_array()) {
       std::vector<std::string> alts;
+      std::optional<TooDeep> deep;
       for (const json& t : type) {
         if (!t.is_string()) fail(join(at, "type"), "must be a string or a list of strings");
-        alts.push_back(of_type(t.get<std::string>(), s, at));
+        try {
+          alts.push_back(of_type(t.get<std::string>(), s, at));
+        } catch (const TooDeep& d) {
+          deep = d;
+        }
       }
+      if (alts.empty() && deep) throw *deep;
       if (alts.empty()) fail(join(at, "type"), "must not be empty");
       return group(alts);
     }
@@ -187,10 +212,16 @@ class Compiler {
   }
 
   std::string array(const json& s, const std::string& at) {
-    const std::string item = s.contains("items") ? value(s["items"], join(at, "items")) : free_value(kFreeDepth - 1);
     const int64_t lo = count(s, "minItems", at, 0), hi = count(s, "maxItems", at, -1);
     if (hi >= 0 && hi < lo) fail(join(at, "maxItems"), "is below minItems");
     if (hi == 0) return "\\[\\]";
+    std::string item;
+    try {
+      item = s.contains("items") ? value(s["items"], join(at, "items")) : free_value(kFreeDepth - 1);
+    } catch (const TooDeep&) {
+      if (lo > 0) throw;
+      return "\\[\\]";  // items that need more recursion: here the array stays empty
+    }
     const std::string rest = repeat(", " + item, std::max<int64_t>(lo - 1, 0), hi < 0 ? -1 : hi - 1);
     if (lo == 0) return "\\[(" + item + rest + ")?\\]";
     return "\\[" + item + rest + "\\]";
@@ -227,9 +258,14 @@ class Compiler {
       bool required;
     };
     std::vector<Property> list;
-    for (const auto& [name, sub] : props.items())
-      list.push_back({regex_escape(json(name).dump()) + ": " + value(sub, join(join(at, "properties"), name)),
-                      required.count(name) > 0});
+    for (const auto& [name, sub] : props.items()) {
+      const bool needed = required.count(name) > 0;
+      try {
+        list.push_back({regex_escape(json(name).dump()) + ": " + value(sub, join(join(at, "properties"), name)), needed});
+      } catch (const TooDeep&) {
+        if (needed) throw;  // an optional property that needs more recursion is left out here
+      }
+    }
     // After the first property written, each later one is ", P" (or optional); before it,
     // one alternative per property that can come first (the first required one ends them).
     auto after = [&](size_t from) {
@@ -256,8 +292,7 @@ class Compiler {
     const json& r = s["$ref"];
     if (!r.is_string()) fail(join(at, "$ref"), "must be a string");
     const std::string target = r.get<std::string>();
-    if (std::find(stack_.begin(), stack_.end(), target) != stack_.end())
-      fail(join(at, "$ref"), "\"" + target + "\" refers to itself (recursive schemas are not supported)");
+    if (std::count(stack_.begin(), stack_.end(), target) >= kRefDepth) throw TooDeep{join(at, "$ref")};
     const json* node = nullptr;
     for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
       const std::string p = prefix;
@@ -274,8 +309,17 @@ class Compiler {
             key != "definitions")
           fail(join(at, key), "beside $ref is not supported");
     stack_.push_back(target);
-    const std::string out = value(*node, target.substr(2));
+    std::string out;
+    try {
+      out = value(*node, target.substr(2));
+    } catch (...) {
+      stack_.pop_back();
+      throw;
+    }
     stack_.pop_back();
+    if (out.size() > kMaxPattern)
+      fail(join(at, "$ref"), "\"" + target + "\" makes the schema too large once its recursion is unrolled to depth " +
+                                 std::to_string(kRefDepth));
     return out;
   }
 
@@ -285,7 +329,14 @@ class Compiler {
 
 }  // namespace
 
-std::string json_schema_regex(const nlohmann::ordered_json& schema) { return Compiler(schema).value(schema, ""); }
+std::string json_schema_regex(const nlohmann::ordered_json& schema) {
+  try {
+    return Compiler(schema).value(schema, "");
+  } catch (const TooDeep& d) {
+    throw std::invalid_argument(d.at + ": recurses without an end (every answer would need it nested more than " +
+                                std::to_string(kRefDepth) + " levels deep)");
+  }
+}
 
 std::string json_object_regex() {
   const std::string v = free_value(kFreeDepth - 1);

@@ -10,12 +10,17 @@
 // `additionalProperties` (false or absent: only the listed properties are written; an
 // object without `properties` takes any JSON object), `enum`, `const`, `items` with
 // `minItems`/`maxItems`, `anyOf`/`oneOf` (as alternatives), `allOf` of one schema, `$ref`
-// to `#/$defs/...` or `#/definitions/...` (not recursive), strings' `minLength`,
+// to `#/$defs/...` or `#/definitions/...`, strings' `minLength`,
 // `maxLength`, `pattern` (RegexDfa's subset, matching the whole string) and `format`
 // (date, time, date-time, uuid); annotations (title, description, default, examples,
 // $schema, $id, $comment, deprecated, readOnly, writeOnly, discriminator) change nothing.
 // Values a schema leaves free are JSON of bounded depth (3 levels of nesting) with strings
-// (and keys) of at most 32 printable ASCII characters; numbers have at most 16 digits. Anything else is std::invalid_argument naming the keyword and its place
+// (and keys) of at most 32 printable ASCII characters; numbers have at most 16 digits. A
+// recursive `$ref` (a tree, a linked list) nests inside itself at most 3 times: at the
+// deepest level, optional properties, array items and alternatives that need it once more
+// are left out, so every answer is valid and the deepest ones are cut short; a schema that
+// cannot end that way ("next" required all the way down) is refused as recursing without an
+// end. Anything else is std::invalid_argument naming the keyword and its place
 // ("properties.age.minimum: is not supported").
 #pragma once
 

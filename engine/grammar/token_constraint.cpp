@@ -4,6 +4,8 @@
 #include "engine/text/tokenizer.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <limits>
 #include <stdexcept>
 #include <utility>
@@ -43,10 +45,47 @@ std::shared_ptr<const TokenVocabulary> TokenVocabulary::of(const Tokenizer& toke
   return v;
 }
 
-TokenConstraint::TokenConstraint(std::shared_ptr<const RegexDfa> dfa, std::shared_ptr<const TokenVocabulary> vocabulary)
-    : dfa_(std::move(dfa)), vocabulary_(std::move(vocabulary)) {
+void ConstraintStats::observe(Buckets& b, const std::array<double, 12>& bounds, double seconds) {
+  size_t i = 0;
+  while (i < bounds.size() && seconds > bounds[i]) ++i;
+  b.counts[i].fetch_add(1, std::memory_order_relaxed);
+  b.sum_ns.fetch_add(static_cast<int64_t>(std::llround(seconds * 1e9)), std::memory_order_relaxed);
+}
+
+ConstraintStats::Histogram ConstraintStats::read(const Buckets& b, const std::array<double, 12>& bounds) {
+  Histogram h;
+  h.bounds.assign(bounds.begin(), bounds.end());
+  for (const auto& c : b.counts) h.counts.push_back(c.load(std::memory_order_relaxed));
+  h.sum = static_cast<double>(b.sum_ns.load(std::memory_order_relaxed)) * 1e-9;
+  return h;
+}
+
+void ConstraintStats::observe_mask(double seconds) { observe(mask_, kMaskBounds, seconds); }
+void ConstraintStats::observe_compile(double seconds) { observe(compile_, kCompileBounds, seconds); }
+
+void ConstraintStats::add_cached(int64_t bytes, int64_t states) {
+  cache_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  cached_states_.fetch_add(states, std::memory_order_relaxed);
+}
+
+ConstraintStats::Snapshot ConstraintStats::snapshot() const {
+  Snapshot s;
+  s.mask = read(mask_, kMaskBounds);
+  s.compile = read(compile_, kCompileBounds);
+  s.cache_bytes = cache_bytes_.load(std::memory_order_relaxed);
+  s.cached_states = cached_states_.load(std::memory_order_relaxed);
+  return s;
+}
+
+TokenConstraint::TokenConstraint(std::shared_ptr<const RegexDfa> dfa, std::shared_ptr<const TokenVocabulary> vocabulary,
+                                 std::shared_ptr<ConstraintStats> stats)
+    : dfa_(std::move(dfa)), vocabulary_(std::move(vocabulary)), stats_(std::move(stats)) {
   if (vocabulary_->sorted.empty() && !vocabulary_->bytes.empty())
     throw std::logic_error("TokenConstraint: the vocabulary is not indexed (TokenVocabulary::index)");
+}
+
+TokenConstraint::~TokenConstraint() {
+  if (stats_) stats_->add_cached(-cache_bytes_, -static_cast<int64_t>(cache_.size()));
 }
 
 const std::string& TokenConstraint::token_text(int64_t id, bool first, std::string* scratch) const {
@@ -135,10 +174,28 @@ const TokenConstraint::Allowed& TokenConstraint::allowed(int32_t state, bool fir
   } else {
     std::sort(a.ids.begin(), a.ids.end());
   }
+  a.ids.shrink_to_fit();
+  if (stats_) {
+    // The ids, plus what a node of the map costs beside them.
+    const int64_t bytes = static_cast<int64_t>(a.ids.capacity() * sizeof(int32_t) + sizeof(Allowed) + 4 * sizeof(void*));
+    cache_bytes_ += bytes;
+    stats_->add_cached(bytes, 1);
+  }
   return cache_.emplace(key, std::move(a)).first->second;
 }
 
 void TokenConstraint::mask(float* logits, int64_t vocab, const int64_t* output, int64_t n, int64_t tokens_left) const {
+  if (!stats_) {
+    mask_row(logits, vocab, output, n, tokens_left);
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  mask_row(logits, vocab, output, n, tokens_left);
+  stats_->observe_mask(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+void TokenConstraint::mask_row(float* logits, int64_t vocab, const int64_t* output, int64_t n,
+                               int64_t tokens_left) const {
   constexpr float kBanned = -std::numeric_limits<float>::infinity();
   const int32_t state = state_after(output, n);
   if (state == RegexDfa::kDead) {
@@ -201,7 +258,10 @@ std::shared_ptr<const TokenConstraint> ConstraintCache::get(const std::string& p
       }
   }
   // Compiled outside the lock: a large schema takes a while, and other requests go on.
-  auto made = std::make_shared<const TokenConstraint>(std::make_shared<const RegexDfa>(pattern, max_states), vocabulary_);
+  const auto start = std::chrono::steady_clock::now();
+  auto made = std::make_shared<const TokenConstraint>(std::make_shared<const RegexDfa>(pattern, max_states), vocabulary_,
+                                                      stats_);
+  stats_->observe_compile(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   std::lock_guard<std::mutex> lock(mutex_);
   recent_.emplace_front(pattern, made);
   if (recent_.size() > capacity_) recent_.pop_back();

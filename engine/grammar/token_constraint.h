@@ -9,8 +9,12 @@
 // text; a SentencePiece tokenizer's first output token is matched without the leading space
 // its decoding drops; the output's state is recomputed from its tokens, so preemption and
 // recomputation need no saved state. Used by one thread at a time (the engine's).
+// ConstraintStats (shared by the constraints of a ConstraintCache) records what masks and
+// compiles cost and what the masks' caches hold, for `/metrics`.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -40,9 +44,52 @@ struct TokenVocabulary {
   static std::shared_ptr<const TokenVocabulary> of(const Tokenizer& tokenizer, std::vector<int64_t> eos_ids);
 };
 
+// What constrained decoding costs: the time of each token's mask (state lookup or first
+// walk of the vocabulary included) and of each compile, as histograms over fixed bounds, and
+// the bytes and states the live constraints' caches of masks hold. Lock-free: the engine's
+// thread records masks, request parsers compiles, and any thread reads.
+class ConstraintStats {
+ public:
+  // Upper bounds of the histograms' buckets, in seconds (a last bucket takes the rest).
+  static constexpr std::array<double, 12> kMaskBounds = {5e-6,   10e-6,  25e-6,  50e-6, 100e-6, 250e-6,
+                                                          500e-6, 1e-3,   2.5e-3, 5e-3,  10e-3,  50e-3};
+  static constexpr std::array<double, 12> kCompileBounds = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                             0.25,  0.5,   1.0,  2.5,   5.0,  10.0};
+  struct Histogram {
+    std::vector<double> bounds;
+    std::vector<int64_t> counts;  // per bucket (not cumulative), one more than bounds
+    double sum = 0.0;
+  };
+  struct Snapshot {
+    Histogram mask, compile;
+    int64_t cache_bytes = 0, cached_states = 0;
+  };
+
+  void observe_mask(double seconds);
+  void observe_compile(double seconds);
+  void add_cached(int64_t bytes, int64_t states);  // negative when a constraint goes away
+  Snapshot snapshot() const;
+
+ private:
+  struct Buckets {
+    std::array<std::atomic<int64_t>, 13> counts{};
+    std::atomic<int64_t> sum_ns{0};
+  };
+  static void observe(Buckets& b, const std::array<double, 12>& bounds, double seconds);
+  static Histogram read(const Buckets& b, const std::array<double, 12>& bounds);
+
+  Buckets mask_, compile_;
+  std::atomic<int64_t> cache_bytes_{0}, cached_states_{0};
+};
+
 class TokenConstraint {
  public:
-  TokenConstraint(std::shared_ptr<const RegexDfa> dfa, std::shared_ptr<const TokenVocabulary> vocabulary);
+  // `stats`, when given, records this constraint's masks and cache.
+  TokenConstraint(std::shared_ptr<const RegexDfa> dfa, std::shared_ptr<const TokenVocabulary> vocabulary,
+                  std::shared_ptr<ConstraintStats> stats = nullptr);
+  ~TokenConstraint();
+  TokenConstraint(const TokenConstraint&) = delete;
+  TokenConstraint& operator=(const TokenConstraint&) = delete;
 
   // Sets to -inf the logits of the tokens ruled out after `output` (its `n` tokens). With
   // `tokens_left` (this one included; -1: no limit), near the end of the budget only tokens
@@ -67,6 +114,7 @@ class TokenConstraint {
     int32_t max_end_distance = 0;  // the most bytes to a match after one of them
   };
 
+  void mask_row(float* logits, int64_t vocab, const int64_t* output, int64_t n, int64_t tokens_left) const;
   const std::string& token_text(int64_t id, bool first, std::string* scratch) const;
   const Allowed& allowed(int32_t state, bool first) const;
   // The tokens that keep `state` alive and end where at most `room` bytes remain to a match
@@ -76,6 +124,8 @@ class TokenConstraint {
   std::shared_ptr<const RegexDfa> dfa_;
   std::shared_ptr<const TokenVocabulary> vocabulary_;
   mutable std::unordered_map<int64_t, Allowed> cache_;  // (state, first) -> allowed tokens
+  std::shared_ptr<ConstraintStats> stats_;
+  mutable int64_t cache_bytes_ = 0;  // what cache_ holds, as stats_ counts it
 };
 
 // The constraints of the patterns recently asked for, so that requests with the same schema
@@ -85,14 +135,18 @@ class TokenConstraint {
 class ConstraintCache {
  public:
   ConstraintCache(std::shared_ptr<const TokenVocabulary> vocabulary, size_t capacity = 64)
-      : vocabulary_(std::move(vocabulary)), capacity_(capacity) {}
+      : vocabulary_(std::move(vocabulary)), capacity_(capacity), stats_(std::make_shared<ConstraintStats>()) {}
 
   // The constraint of `pattern`, compiled on first use (std::invalid_argument as RegexDfa).
   std::shared_ptr<const TokenConstraint> get(const std::string& pattern, int32_t max_states);
 
+  // What its constraints cost (those it handed out, also after it dropped them).
+  std::shared_ptr<const ConstraintStats> stats() const { return stats_; }
+
  private:
   std::shared_ptr<const TokenVocabulary> vocabulary_;
   size_t capacity_;
+  std::shared_ptr<ConstraintStats> stats_;
   std::mutex mutex_;
   std::list<std::pair<std::string, std::shared_ptr<const TokenConstraint>>> recent_;  // most recent first
 };

@@ -167,6 +167,36 @@ TEST(TokenConstraint, FirstTokenLosesTheSpaceASentencePieceDecoderDrops) {
   EXPECT_TRUE(allowed_after(spaced, {1}, 8)[5]);
 }
 
+TEST(ConstraintStats, CountEveryMaskAndCompileAndWhatTheCachesHold) {
+  ConstraintCache cache(small_vocabulary());
+  const auto stats = cache.stats();
+  auto total = [](const ConstraintStats::Histogram& h) {
+    int64_t n = 0;
+    for (int64_t c : h.counts) n += c;
+    return n;
+  };
+  {
+    const auto c = cache.get("(ab)+", 100);
+    EXPECT_EQ(cache.get("(ab)+", 100), c);  // the second request compiles nothing
+    for (int i = 0; i < 3; ++i) {
+      allowed_after(*c, {}, 8);
+      allowed_after(*c, {1}, 8);
+    }
+    const ConstraintStats::Snapshot s = stats->snapshot();
+    EXPECT_EQ(total(s.mask), 6);
+    EXPECT_EQ(s.mask.counts.size(), s.mask.bounds.size() + 1);
+    EXPECT_GT(s.mask.sum, 0.0);
+    EXPECT_EQ(total(s.compile), 1);
+    EXPECT_EQ(s.cached_states, static_cast<int64_t>(c->cached_states()));
+    EXPECT_GE(s.cache_bytes, static_cast<int64_t>(2 * sizeof(int32_t) * c->cached_states()));
+  }
+  // Pushed out of the cache by newer patterns and held by no request: its masks are gone.
+  for (int i = 0; i < 70; ++i) cache.get("x{" + std::to_string(i + 1) + "}", 100);
+  EXPECT_EQ(total(stats->snapshot().compile), 71);
+  EXPECT_EQ(stats->snapshot().cached_states, 0);
+  EXPECT_EQ(stats->snapshot().cache_bytes, 0);
+}
+
 TEST(JsonSchemaRegex, MatchesTheJsonTheSchemaAllowsAsJsonDumpsWritesIt) {
   const nlohmann::ordered_json schema = nlohmann::ordered_json::parse(R"({
     "$defs": {"Pet": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}}, "required": ["kind"],
@@ -204,11 +234,36 @@ TEST(JsonSchemaRegex, OptionalPropertiesAndFreeValues) {
   std::printf("json_object automaton: %d states, %.1f ms\n", any.num_states(), ms);
 }
 
+TEST(JsonSchemaRegex, RecursiveRefsNestThreeLevelsDeep) {
+  // A linked list: "next" is optional, so the fourth level leaves it out.
+  const RegexDfa list(json_schema_regex(nlohmann::ordered_json::parse(R"({
+      "$defs": {"Node": {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"$ref": "#/$defs/Node"}},
+                         "required": ["v"]}},
+      "$ref": "#/$defs/Node"})")),
+                      50000);
+  for (const std::string ok : {R"({"v": 1})", R"({"v": 1, "next": {"v": 2}})", R"({"v": 1, "next": {"v": 2, "next": {"v": 3}}})"})
+    EXPECT_TRUE(list.full_match(ok)) << ok;
+  EXPECT_FALSE(list.full_match(R"({"v": 1, "next": {"v": 2, "next": {"v": 3, "next": {"v": 4}}}})"));
+  // A tree of children (an array that may be empty) and a nullable parent (anyOf with null).
+  const RegexDfa tree(json_schema_regex(nlohmann::ordered_json::parse(R"({
+      "$defs": {"T": {"type": "object", "properties": {
+          "kids": {"type": "array", "items": {"$ref": "#/$defs/T"}, "maxItems": 2},
+          "up": {"anyOf": [{"$ref": "#/$defs/T"}, {"type": "null"}]}}, "required": ["kids", "up"]}},
+      "$ref": "#/$defs/T"})")),
+                      50000);
+  EXPECT_TRUE(tree.full_match(R"({"kids": [], "up": null})"));
+  EXPECT_TRUE(tree.full_match(R"({"kids": [{"kids": [{"kids": [], "up": null}], "up": null}], "up": null})"));
+  EXPECT_FALSE(tree.full_match(R"({"kids": [{"kids": [{"kids": [{"kids": [], "up": null}], "up": null}], "up": null}], "up": null})"));
+}
+
 TEST(JsonSchemaRegex, RefusesWhatItDoesNotSupportByKeywordAndPlace) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"type": "integer", "minimum": 3})", "minimum: is not supported"},
       {R"({"properties": {"age": {"type": "integer", "maximum": 9}}})", "properties.age.maximum"},
-      {R"({"$defs": {"N": {"properties": {"next": {"$ref": "#/$defs/N"}}}}, "$ref": "#/$defs/N"})", "recursive"},
+      {R"({"$defs": {"N": {"properties": {"next": {"$ref": "#/$defs/N"}}, "required": ["next"]}}, "$ref": "#/$defs/N"})",
+       "$ref: recurses without an end"},
+      {R"({"$defs": {"L": {"type": "array", "items": {"$ref": "#/$defs/L"}, "minItems": 1}}, "$ref": "#/$defs/L"})",
+       "recurses without an end"},
       {R"({"$ref": "#/$defs/Missing"})", "not a schema"},
       {R"({"type": "string", "format": "email"})", "format: \"email\""},
       {R"j({"type": "string", "pattern": "(?=x)"})j", "pattern: lookaround"},
