@@ -248,6 +248,11 @@ int run_subcommand(int argc, char** argv) {
   serve_cmd->add_option("--max-body-bytes", serve_opts.max_body_bytes, "Largest request body (default 8 MiB; larger: 413)");
   serve_cmd->add_option("--shutdown-timeout", serve_opts.shutdown_timeout_s,
                         "Seconds that requests in flight get to finish after SIGINT/SIGTERM (default 30)");
+  serve_cmd->add_option("--chat-template", serve_opts.chat_template,
+                        "Jinja chat template file used instead of the model's (for example one that renders tools)");
+  serve_cmd->add_option("--tool-call-parser", serve_opts.tool_call_parser,
+                        "How tool_choice \"auto\" output is read: hermes, llama3_json or mistral "
+                        "(default: the syntax the chat template writes)");
   serve_cmd->add_option("--log-level", log_level, "error, warn, info (default) or debug")->check(log_levels);
 
   try {

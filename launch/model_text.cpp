@@ -1,5 +1,7 @@
 #include "launch/model_text.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -9,8 +11,28 @@ ModelText::ModelText(const std::string& model_path) : model_path_(model_path) {
   if (model_path.rfind("dummy:", 0) == 0) return;  // random presets carry no vocabulary
   tokenizer_ = Tokenizer::load(model_path);
   if (tokenizer_ && !tokenizer_->chat_template().empty())
-    chat_template_ = std::make_unique<ChatTemplate>(tokenizer_->chat_template(),
-                                                    tokenizer_->chat_template_source());
+    set_chat_template(tokenizer_->chat_template(), tokenizer_->chat_template_source());
+}
+
+void ModelText::set_chat_template(const std::string& source, const std::string& name) {
+  chat_template_ = std::make_unique<ChatTemplate>(source, name);
+  chat_template_source_ = source;
+}
+
+std::vector<int64_t> ModelText::chat_prompt_ids(const nlohmann::ordered_json& messages,
+                                                const nlohmann::ordered_json* tools, const std::string& who) const {
+  const Tokenizer& tok = need_tokenizer(who);
+  if (!chat_template_)
+    throw std::invalid_argument(who + ": the model " + model_path_ +
+                                " has no chat template (give the prompt as text instead)");
+  nlohmann::ordered_json context;
+  context["messages"] = messages;
+  // transformers passes tools only when the caller gives them; templates test `tools`.
+  if (tools) context["tools"] = *tools;
+  context["add_generation_prompt"] = true;
+  context["bos_token"] = tok.bos_token();
+  context["eos_token"] = tok.eos_token();
+  return tok.encode(chat_template_->render(context), false);
 }
 
 const Tokenizer& ModelText::need_tokenizer(const std::string& who) const {

@@ -36,6 +36,18 @@ class ModelText {
   // The rendered chat prompt (text) of `messages`.
   std::string render_chat(const std::vector<RequestMessage>& messages, const std::string& who) const;
 
+  // A chat API's messages (objects as the template reads them: role, content, tool_calls,
+  // tool_call_id, ...) and `tools` (null: none) rendered with the generation prompt and
+  // tokenised, as prompt_ids does for a job's messages.
+  std::vector<int64_t> chat_prompt_ids(const nlohmann::ordered_json& messages, const nlohmann::ordered_json* tools,
+                                       const std::string& who) const;
+
+  // Replaces the model's chat template (`kvpipe serve --chat-template FILE`): `source` is
+  // parsed now (std::invalid_argument naming `name` and the line when it does not).
+  void set_chat_template(const std::string& source, const std::string& name);
+  // The template's Jinja source ("" without one).
+  const std::string& chat_template_source() const { return chat_template_source_; }
+
   // The token sequences that write each of `words` at the start of a text and after a
   // space (vLLM's bad_words: both, as tokenizers spell a word differently after a space).
   std::vector<std::vector<int64_t>> bad_word_ids(const std::vector<std::string>& words, const std::string& who) const;
@@ -46,6 +58,7 @@ class ModelText {
   std::string model_path_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatTemplate> chat_template_;
+  std::string chat_template_source_;
 };
 
 // A job file's `sampling:` section as the engine takes it: the sampler's settings, and the

@@ -21,9 +21,11 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -216,6 +218,23 @@ void check_options(const ServeOptions& o) {
   if (o.max_body_bytes < 1024) throw std::invalid_argument("--max-body-bytes: must be at least 1024");
   if (!(o.shutdown_timeout_s >= 0.0) || o.shutdown_timeout_s > 86400.0)
     throw std::invalid_argument("--shutdown-timeout: must be 0..86400 seconds");
+  if (!o.tool_call_parser.empty()) {
+    try {
+      tool_call_syntax_named(o.tool_call_parser);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("--tool-call-parser: ") + e.what());
+    }
+  }
+}
+
+// --chat-template: the file's template in place of the model's.
+void replace_chat_template(ModelText& text, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument("--chat-template: cannot read " + path);
+  std::ostringstream source;
+  source << in.rdbuf();
+  if (!text.tokenizer()) throw std::invalid_argument("--chat-template: the model has no tokenizer to render chats with");
+  text.set_chat_template(source.str(), path);  // a template that does not parse names the file and line
 }
 
 }  // namespace
@@ -234,6 +253,10 @@ void serve(const ServeOptions& o, World& world) {
   if (world.is_coordinator()) {
     ::signal(SIGPIPE, SIG_IGN);  // a client that went away is a failed write, not a dead server
     text = std::make_unique<ModelText>(job.model.path);
+    if (!o.chat_template.empty()) replace_chat_template(*text, o.chat_template);
+    served.renders_tools = template_renders_tools(text->chat_template_source());
+    served.tool_syntax = o.tool_call_parser.empty() ? tool_call_syntax_of_template(text->chat_template_source())
+                                                    : tool_call_syntax_named(o.tool_call_parser);
     served.name = o.served_model_name.empty() ? default_model_name(job.model.path) : o.served_model_name;
     served.text = text.get();
     served.vocab_size = plan.model.vocab_size;
@@ -247,6 +270,7 @@ void serve(const ServeOptions& o, World& world) {
       served.constraints = std::make_shared<ConstraintCache>(served.vocabulary);
     }
     metrics = std::make_unique<ServeMetrics>(served.name);
+    if (served.constraints) metrics->set_constraint_stats(served.constraints->stats());
     queue = std::make_unique<ServeQueue>(o.max_requests);
     HttpOptions ho;
     ho.host = o.host;

@@ -26,6 +26,8 @@ struct ServeOptions {
   int max_requests = 1024;        // unfinished engine requests (choices) before 503
   long long max_body_bytes = 8ll << 20;
   double shutdown_timeout_s = 30.0;
+  std::string chat_template;      // a Jinja file replacing the model's template ("" : the model's)
+  std::string tool_call_parser;   // how `tool_choice: auto` output is read ("" : from the template)
 };
 
 // Throws std::invalid_argument for bad input (config, options, a port that cannot be bound).

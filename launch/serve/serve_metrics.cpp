@@ -1,5 +1,7 @@
 #include "launch/serve/serve_metrics.h"
 
+#include "engine/grammar/token_constraint.h"
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +24,19 @@ void header(std::string& out, const std::string& name, const char* type, const c
   out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
 }
 
+// A histogram's _bucket, _sum and _count lines from its per-bucket counts (the last: +Inf).
+void render_buckets(std::string& out, const std::string& name, const std::string& labels,
+                    const std::vector<double>& bounds, const std::vector<int64_t>& counts, double sum) {
+  int64_t cumulative = 0;
+  for (size_t i = 0; i <= bounds.size(); ++i) {
+    cumulative += counts[i];
+    const std::string le = i < bounds.size() ? number(bounds[i]) : "+Inf";
+    out += name + "_bucket{" + labels + ",le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  out += name + "_sum{" + labels + "} " + number(sum) + "\n";
+  out += name + "_count{" + labels + "} " + std::to_string(cumulative) + "\n";
+}
+
 }  // namespace
 
 Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
@@ -35,14 +50,7 @@ void Histogram::observe(double value) {
 }
 
 void Histogram::render(std::string& out, const std::string& name, const std::string& labels) const {
-  int64_t cumulative = 0;
-  for (size_t i = 0; i <= bounds_.size(); ++i) {
-    cumulative += counts_[i];
-    const std::string le = i < bounds_.size() ? number(bounds_[i]) : "+Inf";
-    out += name + "_bucket{" + labels + ",le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
-  }
-  out += name + "_sum{" + labels + "} " + number(sum_) + "\n";
-  out += name + "_count{" + labels + "} " + std::to_string(count_) + "\n";
+  render_buckets(out, name, labels, bounds_, counts_, sum_);
 }
 
 // vLLM's buckets for these histograms.
@@ -55,6 +63,11 @@ ServeMetrics::ServeMetrics(std::string model_name)
             1920.0, 7680.0}),
       queue_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
               1920.0, 7680.0}) {}
+
+void ServeMetrics::set_constraint_stats(std::shared_ptr<const ConstraintStats> stats) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  constraint_stats_ = std::move(stats);
+}
 
 void ServeMetrics::set_gauges(const Gauges& g) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -127,6 +140,21 @@ std::string ServeMetrics::render() const {
   e2e_.render(out, "kvpipe:e2e_request_latency_seconds", labels);
   header(out, "kvpipe:request_queue_time_seconds", "histogram", "Time from arrival to the first step that runs it.");
   queue_.render(out, "kvpipe:request_queue_time_seconds", labels);
+  if (constraint_stats_) {
+    const ConstraintStats::Snapshot c = constraint_stats_->snapshot();
+    header(out, "kvpipe:structured_output_mask_seconds", "histogram",
+           "Time to mask one constrained token's logits (a cached state's lookup, or a state's first walk of the "
+           "vocabulary).");
+    render_buckets(out, "kvpipe:structured_output_mask_seconds", labels, c.mask.bounds, c.mask.counts, c.mask.sum);
+    header(out, "kvpipe:structured_output_compile_seconds", "histogram",
+           "Time to compile a structured-output pattern to its automaton, on its first use.");
+    render_buckets(out, "kvpipe:structured_output_compile_seconds", labels, c.compile.bounds, c.compile.counts,
+                   c.compile.sum);
+    gauge("kvpipe:structured_output_cache_bytes", "Memory of the cached token masks of the constraints held.",
+          static_cast<double>(c.cache_bytes));
+    gauge("kvpipe:structured_output_cache_states", "Automaton states whose token masks are cached.",
+          static_cast<double>(c.cached_states));
+  }
   return out;
 }
 

@@ -3,17 +3,22 @@
 // Names and meanings follow vLLM's (under a `kvpipe:` prefix): gauges of requests running
 // and waiting and of KV-cache usage, counters of prefix-cache queries and hits (tokens),
 // preemptions, prompt and generation tokens and finished requests by reason, and histograms
-// of time to first token, inter-token latency, end-to-end latency and queue time. The
-// coordinator records; HTTP threads render. Every method is thread-safe.
+// of time to first token, inter-token latency, end-to-end latency and queue time; and, where
+// the server constrains outputs, what that costs (ConstraintStats: the mask's time per
+// token, the compile time, the masks' cache). The coordinator records; HTTP threads render.
+// Every method is thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 namespace kvpipe {
+
+class ConstraintStats;
 
 // A Prometheus histogram: cumulative counts over fixed upper bounds (seconds).
 class Histogram {
@@ -48,10 +53,14 @@ class ServeMetrics {
   void observe_first_token(double ttft_s);
   void observe_finished(const std::string& reason, double e2e_s, double queue_s);
 
+  // The structured-output constraints' costs, rendered with the rest (null: none).
+  void set_constraint_stats(std::shared_ptr<const ConstraintStats> stats);
+
   std::string render() const;
 
  private:
   std::string model_name_;
+  std::shared_ptr<const ConstraintStats> constraint_stats_;
   mutable std::mutex mutex_;
   Gauges gauges_;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0;

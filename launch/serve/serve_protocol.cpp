@@ -1,5 +1,6 @@
 #include "launch/serve/serve_protocol.h"
 
+#include "engine/grammar/gbnf.h"
 #include "engine/grammar/json_schema.h"
 #include "engine/grammar/regex_dfa.h"
 #include "engine/grammar/token_constraint.h"
@@ -143,7 +144,7 @@ void refuse_unknown_fields(const json& body, bool chat) {
       "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "best_of", "stream", "stream_options",
       "stop", "seed", "logprobs", "ignore_eos", "return_token_ids", "presence_penalty", "frequency_penalty",
       "repetition_penalty", "min_tokens", "logit_bias", "bad_words", "structured_outputs", "guided_regex",
-      "guided_choice", "guided_json", "response_format",
+      "guided_choice", "guided_json", "guided_grammar", "grammar", "response_format",
       "user", "metadata", "store", "service_tier"};
   static const std::set<std::string> chat_only = {"messages", "max_completion_tokens", "top_logprobs",
                                                   "tools", "tool_choice", "parallel_tool_calls"};
@@ -152,15 +153,6 @@ void refuse_unknown_fields(const json& body, bool chat) {
     if (common.count(key) || (chat ? chat_only : completion_only).count(key)) continue;
     throw bad(key, "is not supported by kvpipe (refused rather than ignored)");
   }
-  if (!chat) return;
-  // Tool calls are refused until kvpipe can parse and constrain them, except the forms
-  // that ask for nothing.
-  const json* tools = field(body, "tools");
-  if (tools && !(tools->is_array() && tools->empty()))
-    throw bad("tools", "tool calls are not supported by kvpipe (send no tools)");
-  if (const json* choice = field(body, "tool_choice"))
-    if (!(choice->is_string() && (*choice == "none" || *choice == "auto")))
-      throw bad("tool_choice", "only \"none\" or \"auto\" without tools is supported");
 }
 
 // logit_bias: OpenAI's {"token id": bias} or llama.cpp's [[id, bias or false], ...] (false
@@ -235,11 +227,46 @@ std::string schema_pattern(const nlohmann::ordered_json& v, const std::string& k
   }
 }
 
+// The pattern of a grammar in llama.cpp's GBNF (engine/grammar/gbnf.h says what is
+// supported, and how recursion is bounded).
+std::string grammar_pattern(const json& v, const std::string& key) {
+  if (!v.is_string() || v.get<std::string>().empty()) throw bad(key, "must be a grammar in GBNF (a non-empty string)");
+  try {
+    return gbnf_regex(v.get<std::string>());
+  } catch (const std::invalid_argument& e) {
+    throw bad(key, e.what());
+  }
+}
+
+// The pattern of the calls `tool_choice` asks for. A function whose parameters use what
+// kvpipe cannot constrain is named (the whole schema's path would say less).
+std::string tool_schema_pattern(const ToolRequest& tools) {
+  try {
+    return json_schema_regex(*tools.schema);
+  } catch (const std::invalid_argument& whole) {
+    const ToolChoice& c = tools.choice;
+    for (size_t i = 0; i < c.names.size(); ++i) {
+      if (c.kind == ToolChoice::Kind::kNamed && c.names[i] != c.function) continue;
+      const std::string key = "tools[" + std::to_string(i) + "].function.parameters";
+      const nlohmann::ordered_json& fn = (*tools.tools)[i]["function"];
+      if (!fn.contains("parameters")) continue;
+      try {
+        json_schema_regex(fn["parameters"]);
+      } catch (const std::invalid_argument& e) {
+        throw bad(key, e.what());
+      }
+    }
+    throw bad("tools", whole.what());
+  }
+}
+
 // The structured-output constraint a request asks for, or null: vLLM's
-// `structured_outputs: {regex | choice | json | json_object}`, its older `guided_regex`,
-// `guided_choice` and `guided_json`, and OpenAI's `response_format` (json_object,
-// json_schema). What kvpipe cannot constrain yet (a grammar) is a 400 naming it.
-std::shared_ptr<const TokenConstraint> constraint_of(const json& body, const std::string& text, const ServedModel& model) {
+// `structured_outputs: {regex | choice | json | json_object | grammar}`, its older
+// `guided_regex`, `guided_choice`, `guided_json` and `guided_grammar`, llama-server's
+// `grammar`, OpenAI's `response_format` (json_object, json_schema), and the call schema of
+// `tool_choice` required or named.
+std::shared_ptr<const TokenConstraint> constraint_of(const json& body, const std::string& text, const ServedModel& model,
+                                                     const ToolRequest& tools) {
   // The schemas' places, from the body with its keys in order.
   auto in_order = [&text](std::initializer_list<const char*> path) {
     nlohmann::ordered_json node = nlohmann::ordered_json::parse(text);
@@ -265,13 +292,16 @@ std::shared_ptr<const TokenConstraint> constraint_of(const json& body, const std
       else if (k == "choice") take(key, choice_pattern(v, key));
       else if (k == "json") take(key, schema_pattern(in_order({"structured_outputs", "json"}), key));
       else if (k == "json_object" && v == true) take(key, json_object_regex());
-      else throw bad(key, "is not supported by kvpipe (regex, choice, json, json_object)");
+      else if (k == "grammar") take(key, grammar_pattern(v, key));
+      else throw bad(key, "is not supported by kvpipe (regex, choice, json, json_object, grammar)");
     }
-    if (where.empty()) throw bad("structured_outputs", "names no constraint (regex, choice, json or json_object)");
+    if (where.empty()) throw bad("structured_outputs", "names no constraint (regex, choice, json, json_object or grammar)");
   }
   if (const json* v = field(body, "guided_regex")) take("guided_regex", regex_of(*v, "guided_regex"));
   if (const json* v = field(body, "guided_choice")) take("guided_choice", choice_pattern(*v, "guided_choice"));
   if (field(body, "guided_json")) take("guided_json", schema_pattern(in_order({"guided_json"}), "guided_json"));
+  if (const json* v = field(body, "guided_grammar")) take("guided_grammar", grammar_pattern(*v, "guided_grammar"));
+  if (const json* v = field(body, "grammar")) take("grammar", grammar_pattern(*v, "grammar"));
   if (const json* rf = field(body, "response_format")) {
     if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
       throw bad("response_format", "must be an object with a string \"type\"");
@@ -291,6 +321,7 @@ std::shared_ptr<const TokenConstraint> constraint_of(const json& body, const std
       throw bad("response_format", "type \"" + type + "\" is not supported by kvpipe (text, json_object, json_schema)");
     }
   }
+  if (tools.schema) take("tool_choice", tool_schema_pattern(tools));
   if (where.empty()) return nullptr;
   if (!model.vocabulary) throw bad(where, "the model " + model.name + " has no tokenizer to match text with");
   if (bool_field(body, "ignore_eos", false)) throw bad("ignore_eos", "cannot be combined with " + where);
@@ -303,9 +334,10 @@ std::shared_ptr<const TokenConstraint> constraint_of(const json& body, const std
   }
 }
 
-LogitsProcessing processing_of(const json& body, const std::string& text, const ServedModel& model) {
+LogitsProcessing processing_of(const json& body, const std::string& text, const ServedModel& model,
+                               const ToolRequest& tools) {
   LogitsProcessing p;
-  p.constraint = constraint_of(body, text, model);
+  p.constraint = constraint_of(body, text, model, tools);
   p.presence_penalty = number_field(body, "presence_penalty", 0.0, -2.0, 2.0);
   p.frequency_penalty = number_field(body, "frequency_penalty", 0.0, -2.0, 2.0);
   p.repetition_penalty = number_field(body, "repetition_penalty", 1.0, 0.0, 10.0, true);
@@ -328,11 +360,25 @@ LogitsProcessing processing_of(const json& body, const std::string& text, const 
   return p;
 }
 
-std::vector<int64_t> chat_prompt(const json& body, const ServedModel& model) {
+// A chat body's tools, tool_choice and parallel_tool_calls.
+ToolRequest tool_request_of(const std::string& text, const ServedModel& model) {
+  try {
+    return parse_tool_request(nlohmann::ordered_json::parse(text), model.tool_syntax, model.renders_tools);
+  } catch (const ToolRequestError& e) {
+    throw bad(e.param, e.what());
+  }
+}
+
+// The prompt of a chat body: its messages (and tools) rendered through the chat template.
+// Messages reach the template as transformers passes them: role and content, and a
+// message's name, tool_calls (arguments as objects) and tool_call_id when it has them.
+std::vector<int64_t> chat_prompt(const json& body, const std::string& text, const ServedModel& model,
+                                 const ToolRequest& tools) {
   const json* m = field(body, "messages");
   if (!m) throw bad("messages", "is required");
   if (!m->is_array() || m->empty()) throw bad("messages", "must be a non-empty list of messages");
-  RequestSpec spec;
+  const nlohmann::ordered_json in_order = nlohmann::ordered_json::parse(text).at("messages");
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   for (size_t i = 0; i < m->size(); ++i) {
     const json& msg = (*m)[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
@@ -340,12 +386,26 @@ std::vector<int64_t> chat_prompt(const json& body, const ServedModel& model) {
     const json* role = field(msg, "role");
     if (!role || !role->is_string()) throw bad(where + ".role", "must be a string");
     const auto content = msg.find("content");
-    spec.messages.push_back({role->get<std::string>(),
-                             text_of_content(content == msg.end() ? json() : *content, where + ".content")});
+    nlohmann::ordered_json out{{"role", role->get<std::string>()},
+                               {"content", text_of_content(content == msg.end() ? json() : *content, where + ".content")}};
+    for (const char* key : {"name", "tool_call_id"}) {
+      const json* v = field(msg, key);
+      if (!v) continue;
+      if (!v->is_string()) throw bad(where + "." + key, "must be a string");
+      out[key] = v->get<std::string>();
+    }
+    if (field(msg, "tool_calls")) {
+      try {
+        out["tool_calls"] = template_tool_calls(in_order[i]["tool_calls"], where + ".tool_calls");
+      } catch (const ToolRequestError& e) {
+        throw bad(e.param, e.what());
+      }
+    }
+    messages.push_back(std::move(out));
   }
   need_tokenizer(model, "messages");
   try {
-    return model.text->prompt_ids(spec, "messages");
+    return model.text->chat_prompt_ids(messages, tools.tools.get(), "messages");
   } catch (const std::exception& e) {
     throw bad("messages", e.what());
   }
@@ -405,7 +465,9 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
   refuse_unknown_fields(body, chat);
   CompletionRequest r;
   r.chat = chat;
-  if (chat) r.prompts = {chat_prompt(body, model)};
+  const ToolRequest tools = chat ? tool_request_of(text, model) : ToolRequest();
+  r.tools = tools.choice;
+  if (chat) r.prompts = {chat_prompt(body, text, model, tools)};
   else r.prompts = completion_prompts(body, model);
 
   r.n = static_cast<int>(integer_field(body, "n", 1, 1, 64));
@@ -426,7 +488,7 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
   const int64_t top_k = integer_field(body, "top_k", 0, -1, std::numeric_limits<int32_t>::max());
   r.sampling.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);
   r.sampling.min_p = number_field(body, "min_p", 0.0, 0.0, 1.0);
-  r.processing = processing_of(body, text, model);
+  r.processing = processing_of(body, text, model, tools);
   if (const json* seed = field(body, "seed")) {
     if (!seed->is_number_integer()) throw bad("seed", "must be an integer");
     r.sampling.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : static_cast<uint64_t>(seed->get<int64_t>());
@@ -507,7 +569,10 @@ TokenLogprob token_logprob(const float* logits, int64_t vocab, int64_t token, in
 ResponseWriter::ResponseWriter(const CompletionRequest& request, std::string id, int64_t created, std::string model,
                                const Tokenizer* tokenizer)
     : request_(request), id_(std::move(id)), created_(created), model_(std::move(model)), tokenizer_(tokenizer),
-      choices_(request.choices()) {}
+      choices_(request.choices()) {
+  if (request.chat && request.tools.kind != ToolChoice::Kind::kNone)
+    for (size_t i = 0; i < choices_.size(); ++i) choices_[i].tool_calls.emplace(request.tools, id_ + "/" + std::to_string(i));
+}
 
 json ResponseWriter::envelope(const char* object) const {
   return json{{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
@@ -548,7 +613,7 @@ json ResponseWriter::usage_json() const {
               {"prompt_tokens_details", {{"cached_tokens", cached_tokens_}}}};
 }
 
-void ResponseWriter::add(const ChoiceEvent& e) {
+ToolCallStream::Update ResponseWriter::record(const ChoiceEvent& e) {
   Choice& c = choices_.at(e.index);
   c.text += e.text;
   if (e.token) {
@@ -556,15 +621,35 @@ void ResponseWriter::add(const ChoiceEvent& e) {
     ++completion_tokens_;
   }
   if (e.logprob) c.logprobs.push_back(*e.logprob);
+  ToolCallStream::Update seen;
+  if (c.tool_calls) {
+    // Special tokens add no text; the ones a tool-call syntax writes still mark its calls.
+    std::string marker;
+    if (e.token && tokenizer_ && tokenizer_->is_special(*e.token)) {
+      const std::string piece = tokenizer_->piece(*e.token);
+      if (is_tool_call_marker(request_.tools.syntax, piece)) marker = piece;
+    }
+    seen = c.tool_calls->push(e.text, marker);
+    if (!e.finish_reason.empty()) {
+      ToolCallStream::Update rest = c.tool_calls->finish(e.finish_reason);
+      seen.content += rest.content;
+      seen.calls.insert(seen.calls.end(), rest.calls.begin(), rest.calls.end());
+    }
+  } else {
+    seen.content = e.text;
+  }
   if (!e.finish_reason.empty()) {
-    c.finish_reason = e.finish_reason;
+    c.finish_reason = c.tool_calls ? c.tool_calls->finish_reason(e.finish_reason) : e.finish_reason;
     // Each prompt counts once, however many choices it has (as OpenAI and vLLM count).
     if (e.index % request_.n == 0) {
       prompt_tokens_ += e.prompt_tokens;
       cached_tokens_ += e.cached_tokens;
     }
   }
+  return seen;
 }
+
+void ResponseWriter::add(const ChoiceEvent& e) { record(e); }
 
 std::string ResponseWriter::role_chunk(int index) const {
   json j = envelope("chat.completion.chunk");
@@ -574,21 +659,35 @@ std::string ResponseWriter::role_chunk(int index) const {
 }
 
 std::string ResponseWriter::chunk(const ChoiceEvent& e) {
-  add(e);
+  const ToolCallStream::Update seen = record(e);
+  const Choice& c = choices_.at(e.index);
   const bool has_token_ids = request_.return_token_ids && e.token;
-  if (e.text.empty() && !e.logprob && e.finish_reason.empty() && !has_token_ids) return "";
+  if (seen.content.empty() && seen.calls.empty() && !e.logprob && e.finish_reason.empty() && !has_token_ids) return "";
   json choice{{"index", e.index}};
-  const size_t offset = choices_.at(e.index).text.size() - e.text.size();  // where this event's text starts
+  const size_t offset = c.text.size() - e.text.size();  // where this event's text starts
   json logprobs = e.logprob ? logprobs_json({*e.logprob}, offset) : json();
   if (request_.chat) {
     json delta = json::object();
-    if (!e.text.empty() || e.finish_reason.empty()) delta["content"] = e.text;
+    if (!seen.content.empty() || (e.finish_reason.empty() && seen.calls.empty())) delta["content"] = seen.content;
+    if (!seen.calls.empty()) {
+      json calls = json::array();
+      for (const ToolCallDelta& d : seen.calls) {
+        json call{{"index", d.index}};
+        if (!d.id.empty()) call["id"] = d.id, call["type"] = "function";
+        json fn = json::object();
+        if (!d.name.empty()) fn["name"] = d.name;
+        fn["arguments"] = d.arguments;
+        call["function"] = fn;
+        calls.push_back(call);
+      }
+      delta["tool_calls"] = calls;
+    }
     choice["delta"] = delta;
   } else {
     choice["text"] = e.text;
   }
   choice["logprobs"] = logprobs;
-  choice["finish_reason"] = e.finish_reason.empty() ? json() : json(e.finish_reason);
+  choice["finish_reason"] = e.finish_reason.empty() ? json() : json(c.finish_reason);
   if (has_token_ids) choice["token_ids"] = json::array({*e.token});
   json j = envelope(request_.chat ? "chat.completion.chunk" : "text_completion");
   j["choices"] = json::array({choice});
@@ -608,8 +707,20 @@ std::string ResponseWriter::response() const {
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Choice& c = choices_[i];
     json choice{{"index", i}};
-    if (request_.chat) choice["message"] = {{"role", "assistant"}, {"content", c.text}};
-    else choice["text"] = c.text;
+    if (request_.chat && c.tool_calls) {
+      json calls = json::array();
+      for (const ToolCall& call : c.tool_calls->calls())
+        calls.push_back({{"id", call.id}, {"type", "function"},
+                         {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+      const std::string& content = c.tool_calls->content();
+      choice["message"] = {{"role", "assistant"},
+                           {"content", content.empty() && !calls.empty() ? json() : json(content)},
+                           {"tool_calls", calls}};
+    } else if (request_.chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      choice["text"] = c.text;
+    }
     choice["logprobs"] = request_.logprobs >= 0 ? logprobs_json(c.logprobs, 0) : json();
     choice["finish_reason"] = c.finish_reason;
     if (request_.return_token_ids) {
@@ -627,7 +738,7 @@ std::string tokenize_response(const std::string& text, const ServedModel& model)
   const json body = parse_body(text);
   std::vector<int64_t> ids;
   if (field(body, "messages")) {
-    ids = chat_prompt(body, model);
+    ids = chat_prompt(body, text, model, tool_request_of(text, model));
   } else {
     const json* p = field(body, "prompt");
     if (!p || !p->is_string()) throw bad("prompt", "must be a string (or send messages)");

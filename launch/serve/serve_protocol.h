@@ -12,6 +12,7 @@
 
 #include "engine/logits_processor.h"
 #include "engine/step_batch.h"
+#include "launch/serve/tool_calls.h"
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -55,6 +56,10 @@ struct ServedModel {
   int64_t vocab_size = 0;
   int64_t max_context = 0;          // prompt + output tokens
   int64_t max_request_tokens = 0;   // prompt + max_tokens that the KV pool can hold
+  // Tool calls: whether the chat template shows the model its tools, and the syntax in
+  // which `tool_choice: auto` output is read (--tool-call-parser, or the template's).
+  bool renders_tools = false;
+  ToolCallSyntax tool_syntax = ToolCallSyntax::kNone;
 
   // The longest request (prompt + output) this model serves: the smaller of the two, as
   // /v1/models' max_model_len says and the context-length refusals name.
@@ -78,6 +83,7 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;   // stream_options.include_usage
   bool return_token_ids = false;  // vLLM's extension: prompt and output ids in each choice
+  ToolChoice tools;             // chat: how the output is read as tool calls
   int choices() const { return static_cast<int>(prompts.size()) * n; }
 };
 
@@ -116,7 +122,7 @@ class ResponseWriter {
   ResponseWriter(const CompletionRequest& request, std::string id, int64_t created, std::string model,
                  const Tokenizer* tokenizer);
 
-  // One stream chunk (without "data: "), or "" when the event has nothing to show.
+  // The stream chunk of an event (without "data: "), or "" when it has nothing to show.
   std::string chunk(const ChoiceEvent& event);
   // The chunk that opens a chat choice (delta.role), before its first token.
   std::string role_chunk(int index) const;
@@ -131,6 +137,8 @@ class ResponseWriter {
   nlohmann::json logprobs_json(const std::vector<TokenLogprob>& lps, size_t text_offset) const;
   nlohmann::json usage_json() const;
   nlohmann::json envelope(const char* object) const;
+  // Records an event; returns what the client sees of it (content and tool calls).
+  ToolCallStream::Update record(const ChoiceEvent& event);
 
   const CompletionRequest& request_;
   std::string id_;
@@ -142,6 +150,7 @@ class ResponseWriter {
     std::vector<int64_t> tokens;
     std::vector<TokenLogprob> logprobs;
     std::string finish_reason;
+    std::optional<ToolCallStream> tool_calls;  // chat requests with tools
   };
   std::vector<Choice> choices_;
   int64_t prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0;

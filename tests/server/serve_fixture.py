@@ -124,13 +124,15 @@ class Server:
 
 
 class ServedTestCase(unittest.TestCase):
-    """Tests that share one one-rank server (SmolLM2) and an OpenAI client of it; the server
-    must exit 0 on SIGTERM once they are done."""
+    """Tests that share one one-rank server (SmolLM2, started with `server_args`) and an
+    OpenAI client of it; the server must exit 0 on SIGTERM once they are done."""
+
+    server_args = ()
 
     @classmethod
     def setUpClass(cls):
         import openai
-        cls.server = Server()
+        cls.server = Server(args=cls.server_args)
         cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="unused", max_retries=0)
         cls.model = cls.client.models.list().data[0].id
 

@@ -271,7 +271,7 @@ class OneRankServer(ServedTestCase):
             (H, {"messages": user, "top_logprobs": 2}, 400, "top_logprobs"),
             (H, {"messages": user, "max_completion_tokens": -3}, 400, "max_completion_tokens"),
             # What kvpipe does not implement is refused by name, never silently ignored.
-            (C, {"prompt": "hi", "structured_outputs": {"grammar": "root ::= \"a\""}}, 400, "structured_outputs.grammar"),
+            (C, {"prompt": "hi", "structured_outputs": {"grammar": "root ::= value"}}, 400, "structured_outputs.grammar"),
             (C, {"prompt": "hi", "structured_outputs": {"json": {"type": "string", "format": "email"}}}, 400,
              "structured_outputs.json"),
             (C, {"prompt": "hi", "structured_outputs": {}}, 400, "structured_outputs"),
@@ -280,7 +280,8 @@ class OneRankServer(ServedTestCase):
             (C, {"prompt": "hi", "structured_outputs": {"choice": []}}, 400, "structured_outputs.choice"),
             (C, {"prompt": "hi", "guided_regex": "a", "guided_choice": ["b"]}, 400, "guided_choice"),
             (C, {"prompt": "hi", "guided_regex": "a", "ignore_eos": True}, 400, "ignore_eos"),
-            (C, {"prompt": "hi", "guided_grammar": "root ::= \"a\""}, 400, "guided_grammar"),
+            (C, {"prompt": "hi", "guided_grammar": "root ::= \"a"}, 400, "guided_grammar"),
+            (C, {"prompt": "hi", "grammar": "root ::= <[13]>"}, 400, "grammar"),
             (C, {"prompt": "hi", "stop_token_ids": [2]}, 400, "stop_token_ids"),
             (C, {"prompt": "hi", "guided_json": {"type": "integer", "minimum": 1}}, 400, "guided_json"),
             (C, {"prompt": "hi", "response_format": {"type": "xml"}}, 400, "response_format"),

@@ -1,12 +1,16 @@
 """Structured outputs of `kvpipe serve` with SmolLM2-135M-Instruct: every answer sampled at
 temperature 1 under a JSON Schema of tests/data/json_schemas.json validates with the
 `jsonschema` package, `json_object` answers are JSON objects, the OpenAI client's
-`chat.completions.parse` with Pydantic models parses every answer, and what kvpipe cannot
-constrain is a 400 naming the keyword."""
+`chat.completions.parse` with Pydantic models parses every answer, answers under a GBNF
+grammar are texts of it (by Python's `re` for a grammar without recursion, by Python's own
+parser for recursive arithmetic), /metrics counts masks and compiles, and what kvpipe cannot
+constrain is a 400 naming the keyword or the grammar's line."""
+import ast
 import concurrent.futures
 import enum
 import json
 import os
+import re
 import unittest
 from typing import List, Optional
 
@@ -84,12 +88,55 @@ class StructuredOutputs(ServedTestCase):
                 self.assertIsInstance(c.message.parsed, Owner, c.message.content)
                 self.assertLessEqual(len(c.message.parsed.pets), 2)
 
+    def test_grammar_answers_are_texts_of_the_grammar(self):
+        flat = ('root ::= answer " because " reason   # a comment\n'
+                'answer ::= "yes" | "no"\n'
+                'reason ::= [a-z]{1,10} (" " [a-z]{1,10}){0,3}\n')
+        arithmetic = ('root ::= expr\n'
+                      'expr ::= term (("+" | "-" | "*") term){0,3}\n'
+                      'term ::= [1-9] [0-9]{0,2} | "(" expr ")"\n')
+        for field, grammar in (("structured_outputs", {"grammar": flat}), ("guided_grammar", flat),
+                               ("grammar", arithmetic)):
+            r = self.client.completions.create(model=self.model, prompt="Is the sky blue? Answer:", max_tokens=64,
+                                               temperature=1.0, n=6, seed=7, extra_body={field: grammar})
+            for c in r.choices:
+                self.assertEqual(c.finish_reason, "stop", (field, c.text))
+                if grammar is arithmetic:
+                    self.assertRegex(c.text, r"^[0-9+*()-]+$")
+                    ast.parse(c.text, mode="eval")  # a SyntaxError fails the test
+                else:
+                    self.assertTrue(re.fullmatch(r"(yes|no) because [a-z]{1,10}( [a-z]{1,10}){0,3}", c.text), c.text)
+        for grammar, where in (("root ::= value\n", "undefined rule 'value'"), ("start ::= \"a\"\n", "root"),
+                               ('root ::= "a\n', "line 1")):
+            status, raw = self.server.post("/v1/completions", {"prompt": "x", "guided_grammar": grammar})
+            self.assertEqual(status, 400, raw)
+            err = json.loads(raw)["error"]
+            self.assertEqual(err["param"], "guided_grammar")
+            self.assertIn(where, err["message"])
+
+    def test_metrics_report_what_masks_and_compiles_cost(self):
+        before = self.server.metrics()
+        r = self.client.completions.create(model=self.model, prompt="A code:", max_tokens=8, temperature=1.0, seed=1,
+                                           extra_body={"structured_outputs": {"regex": "metrics-[0-9]{3}"}})
+        self.assertRegex(r.choices[0].text, r"^metrics-[0-9]{3}$")
+        after = self.server.metrics()
+        name = "kvpipe:structured_output_"
+        # One mask per token sampled under the constraint (the end of sequence too, whether
+        # usage counts it or not), one compile.
+        masks = after[name + "mask_seconds_count"] - before.get(name + "mask_seconds_count", 0)
+        self.assertIn(masks, (r.usage.completion_tokens, r.usage.completion_tokens + 1))
+        self.assertGreater(after[name + "mask_seconds_sum"], before.get(name + "mask_seconds_sum", 0))
+        self.assertEqual(after[name + "compile_seconds_count"] - before.get(name + "compile_seconds_count", 0), 1)
+        self.assertGreater(after[name + "cache_bytes"], 0)
+        self.assertGreater(after[name + "cache_states"], 0)
+
     def test_what_cannot_be_constrained_is_refused_by_keyword(self):
         cases = [
             ({"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer", "minimum": 3}}}, "minimum"),
             ({"type": "json_schema", "json_schema": {"name": "n", "schema": {
-                "$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}}}, "$ref": "#/$defs/N"}}},
-             "recursive"),
+                "$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}, "required": ["next"]}},
+                "$ref": "#/$defs/N"}}},
+             "recurses without an end"),
             ({"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "string", "format": "email"}}}, "email"),
             ({"type": "json_schema", "json_schema": {"name": "n"}}, "schema"),
             ({"type": "xml"}, "xml"),
