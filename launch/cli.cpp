@@ -246,6 +246,8 @@ int run_subcommand(int argc, char** argv) {
   serve_cmd->add_option("--max-requests", serve_opts.max_requests,
                         "Unfinished requests (choices) accepted before answering 503 (default 1024)");
   serve_cmd->add_option("--max-body-bytes", serve_opts.max_body_bytes, "Largest request body (default 8 MiB; larger: 413)");
+  serve_cmd->add_option("--header-timeout", serve_opts.header_timeout_s,
+                        "Seconds a request's header may take to arrive whole (default 10; later: 408, closed)");
   serve_cmd->add_option("--shutdown-timeout", serve_opts.shutdown_timeout_s,
                         "Seconds that requests in flight get to finish after SIGINT/SIGTERM (default 30)");
   serve_cmd->add_option("--chat-template", serve_opts.chat_template,

@@ -216,6 +216,8 @@ void check_options(const ServeOptions& o) {
     throw std::invalid_argument("--http-threads: must be 2..8192, got " + std::to_string(o.http_threads));
   if (o.max_requests < 1) throw std::invalid_argument("--max-requests: must be at least 1");
   if (o.max_body_bytes < 1024) throw std::invalid_argument("--max-body-bytes: must be at least 1024");
+  if (!(o.header_timeout_s > 0.0) || o.header_timeout_s > 3600.0)
+    throw std::invalid_argument("--header-timeout: must be more than 0 and at most 3600 seconds");
   if (!(o.shutdown_timeout_s >= 0.0) || o.shutdown_timeout_s > 86400.0)
     throw std::invalid_argument("--shutdown-timeout: must be 0..86400 seconds");
   if (!o.tool_call_parser.empty()) {
@@ -278,6 +280,7 @@ void serve(const ServeOptions& o, World& world) {
     ho.api_key = o.api_key;
     ho.threads = o.http_threads;
     ho.max_body_bytes = static_cast<size_t>(o.max_body_bytes);
+    ho.header_timeout_s = o.header_timeout_s;
     http = std::make_unique<HttpFrontEnd>(ho, served, *queue, *metrics);
     const int port = http->start();
     // The pid: under mpirun, SIGTERM to this process (not to mpirun, which aborts the job)

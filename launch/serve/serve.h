@@ -25,6 +25,7 @@ struct ServeOptions {
   int http_threads = 512;
   int max_requests = 1024;        // unfinished engine requests (choices) before 503
   long long max_body_bytes = 8ll << 20;
+  double header_timeout_s = 10.0;
   double shutdown_timeout_s = 30.0;
   std::string chat_template;      // a Jinja file replacing the model's template ("" : the model's)
   std::string tool_call_parser;   // how `tool_choice: auto` output is read ("" : from the template)

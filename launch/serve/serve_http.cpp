@@ -1,11 +1,10 @@
 #include "launch/serve/serve_http.h"
 
 #include "launch/model_text.h"
+#include "launch/serve/http_gate.h"
 
 #include <httplib.h>
 
-#include <dirent.h>
-#include <netdb.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -27,46 +26,6 @@ constexpr auto kStreamHeartbeat = std::chrono::milliseconds(1000);
 
 // How often a non-streaming request looks whether its client is still there.
 constexpr auto kClientCheck = std::chrono::milliseconds(200);
-
-// "address:port" of a socket's local or peer end, as cpp-httplib writes remote_addr
-// (getnameinfo, numeric), or "" when the socket has none.
-std::string endpoint(int fd, bool peer) {
-  sockaddr_storage addr{};
-  socklen_t len = sizeof addr;
-  if ((peer ? ::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len)
-            : ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len)) != 0)
-    return "";
-  char host[NI_MAXHOST], port[NI_MAXSERV];
-  if (::getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof host, port, sizeof port,
-                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-    return "";
-  return std::string(host) + ":" + port;
-}
-
-// The socket `req` came on, or -1. cpp-httplib 0.11 gives a handler no handle on its
-// connection, so it is found among this process's sockets by its two ends: the peer's
-// address and port, and the server's port; no other open connection has both. While the
-// handler runs, cpp-httplib keeps that socket open, so the number stays this connection's.
-int connection_socket(const httplib::Request& req, int server_port) {
-  const std::string peer = req.remote_addr + ":" + std::to_string(req.remote_port);
-  const std::string local_port = ":" + std::to_string(server_port);
-  DIR* dir = ::opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  int found = -1;
-  while (const dirent* e = ::readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0') continue;
-    if (endpoint(static_cast<int>(fd), true) != peer) continue;
-    const std::string local = endpoint(static_cast<int>(fd), false);
-    if (local.size() >= local_port.size() && local.compare(local.size() - local_port.size(), local_port.size(), local_port) == 0) {
-      found = static_cast<int>(fd);
-      break;
-    }
-  }
-  ::closedir(dir);
-  return found;
-}
 
 // The client closed its connection (or reset it): a read finds its end. A client that is
 // still there has sent nothing more, or its next request (either way it has not left).
@@ -92,7 +51,8 @@ struct HttpFrontEnd::Impl {
   const ServedModel& model;
   ServeQueue& queue;
   ServeMetrics& metrics;
-  httplib::Server server;
+  std::unique_ptr<GatedServer> gated;
+  GatedServer& server;
   std::thread listener;
   std::atomic<bool> ready{false};
   int listen_socket = -1;
@@ -107,7 +67,15 @@ struct HttpFrontEnd::Impl {
   }
 
   Impl(const HttpOptions& o, const ServedModel& m, ServeQueue& q, ServeMetrics& mt)
-      : options(o), model(m), queue(q), metrics(mt) {}
+      : options(o), model(m), queue(q), metrics(mt), gated(make_server(o)), server(*gated) {}
+
+  static std::unique_ptr<GatedServer> make_server(const HttpOptions& o) {
+    HttpGateOptions g;
+    g.header_timeout_s = o.header_timeout_s;
+    g.keep_alive_timeout_s = 5.0;  // what clients such as httpx keep idle connections
+    g.error_body = [](int status, const std::string& message) { return error_body(status, message, "", ""); };
+    return std::make_unique<GatedServer>(std::move(g), static_cast<size_t>(o.threads));
+  }
 
   uint64_t fresh_seed() {
     std::lock_guard<std::mutex> lock(seed_mutex);
@@ -164,7 +132,7 @@ struct HttpFrontEnd::Impl {
     if (!request->stream) {
       // A client that leaves (or times out) before the answer ends its request, as a
       // streaming one does: nothing else would free its blocks before its last token.
-      const int client = connection_socket(req, port);
+      const int client = current_connection_socket();
       std::vector<ChoiceEvent> events;
       std::string error;
       for (;;) {
@@ -281,8 +249,6 @@ struct HttpFrontEnd::Impl {
 HttpFrontEnd::HttpFrontEnd(const HttpOptions& options, const ServedModel& model, ServeQueue& queue,
                            ServeMetrics& metrics)
     : impl_(std::make_unique<Impl>(options, model, queue, metrics)) {
-  const int threads = options.threads;
-  impl_->server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   impl_->server.set_payload_max_length(options.max_body_bytes);
   // SO_REUSEADDR only: cpp-httplib's default adds SO_REUSEPORT, which lets a second server
   // bind the same port and silently take half its connections.
@@ -292,10 +258,8 @@ HttpFrontEnd::HttpFrontEnd(const HttpOptions& options, const ServedModel& model,
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     impl->listen_socket = sock;
   });
-  impl_->server.set_keep_alive_max_count(10000);
-  // An idle connection holds the server's stop for up to this long (cpp-httplib waits it
-  // out), so it stays short; 5 s is also what clients such as httpx keep idle connections.
-  impl_->server.set_keep_alive_timeout(5);
+  // Between requests connections wait in the gate (http_gate.h), which bounds idle and
+  // header time; these bound each read of a body and each write of a response.
   impl_->server.set_read_timeout(60);
   impl_->server.set_write_timeout(60);
   impl_->routes();
@@ -325,6 +289,7 @@ void HttpFrontEnd::stop() {
   if (!impl_->listener.joinable()) return;
   impl_->server.stop();
   impl_->listener.join();
+  impl_->server.finish();
 }
 
 }  // namespace kvpipe

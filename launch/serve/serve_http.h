@@ -6,7 +6,8 @@
 // the ServeQueue and write back what their ResponseChannel receives: whole responses, or
 // server-sent events. They never call MPI nor touch the engine. A client that goes away is
 // noticed at the next write (tokens, or a comment line sent each second while a stream
-// waits) and its request is cancelled.
+// waits) and its request is cancelled. Between requests a connection holds no thread: it
+// waits in the HttpGate (http_gate.h), which bounds its idle and header time.
 #pragma once
 
 #include "launch/serve/serve_metrics.h"
@@ -25,6 +26,7 @@ struct HttpOptions {
   std::string api_key;         // "" : no authentication
   int threads = 512;
   size_t max_body_bytes = 8u << 20;
+  double header_timeout_s = 10.0;  // a request's header must arrive whole within this (else 408)
 };
 
 class HttpFrontEnd {
