@@ -6,9 +6,9 @@
 #include <bitset>
 #include <cctype>
 #include <deque>
-#include <map>
 #include <set>
 #include <stdexcept>
+#include <unordered_map>
 #include <utility>
 
 namespace kvpipe {
@@ -429,19 +429,40 @@ struct Nfa {
     return {-1, -1};
   }
 
-  std::vector<int> closure(std::vector<int> nodes) const {
-    std::vector<char> seen(on.size(), 0);
-    std::vector<int> stack = nodes, out;
-    while (!stack.empty()) {
-      const int x = stack.back();
-      stack.pop_back();
-      if (seen[x]) continue;
-      seen[x] = 1;
-      out.push_back(x);
-      for (int y : eps[x]) stack.push_back(y);
+  // The nodes reachable from `nodes` by empty edges that tell a DFA state apart: those with
+  // a byte edge, and `final_node`; sorted. Leaving out the nodes with empty edges alone makes
+  // closures that differ only in them one state, not several.
+  std::vector<int> closure(const std::vector<int>& nodes, int final_node) {
+    if (seen_.size() != on.size()) seen_.assign(on.size(), 0);
+    if (++generation_ == 0) {  // the stamps wrapped around: start them again
+      std::fill(seen_.begin(), seen_.end(), 0);
+      generation_ = 1;
+    }
+    stack_.assign(nodes.begin(), nodes.end());
+    std::vector<int> out;
+    while (!stack_.empty()) {
+      const int x = stack_.back();
+      stack_.pop_back();
+      if (seen_[x] == generation_) continue;
+      seen_[x] = generation_;
+      if (to[x] >= 0 || x == final_node) out.push_back(x);
+      for (int y : eps[x]) stack_.push_back(y);
     }
     std::sort(out.begin(), out.end());
     return out;
+  }
+
+ private:
+  std::vector<uint32_t> seen_;  // per node: the closure that last reached it
+  uint32_t generation_ = 0;
+  std::vector<int> stack_;
+};
+
+struct NodeSetHash {
+  size_t operator()(const std::vector<int>& v) const {
+    size_t h = v.size();
+    for (int x : v) h = (h * 1000003u) ^ static_cast<size_t>(x);
+    return h;
   }
 };
 
@@ -472,7 +493,7 @@ RegexDfa::RegexDfa(const std::string& pattern, int32_t max_states) {
   for (int b = 0; b < 256; ++b)
     if (representative[byte_class[b]] < 0) representative[byte_class[b]] = b;
 
-  std::map<std::vector<int>, int32_t> ids;
+  std::unordered_map<std::vector<int>, int32_t, NodeSetHash> ids;
   std::vector<std::vector<int>> sets;
   std::vector<std::vector<int32_t>> moves;  // [state][class]
   auto id_of = [&](std::vector<int> set) {
@@ -486,15 +507,22 @@ RegexDfa::RegexDfa(const std::string& pattern, int32_t max_states) {
     sets.push_back(std::move(set));
     return id;
   };
-  id_of(nfa.closure({in}));
+  // The byte classes each byte edge takes.
+  std::vector<std::vector<int>> edge_classes(nfa.on.size());
+  for (size_t n = 0; n < nfa.on.size(); ++n)
+    if (nfa.to[n] >= 0)
+      for (int c = 0; c < classes; ++c)
+        if (nfa.on[n][representative[c]]) edge_classes[n].push_back(c);
+  id_of(nfa.closure({in}, final_node));
+  std::vector<std::vector<int>> targets(classes);
   for (size_t s = 0; s < sets.size(); ++s) {
+    for (std::vector<int>& t : targets) t.clear();
+    for (int n : sets[s])
+      if (nfa.to[n] >= 0)
+        for (int c : edge_classes[n]) targets[c].push_back(nfa.to[n]);
     std::vector<int32_t> row(classes, kDead);
-    for (int c = 0; c < classes; ++c) {
-      std::vector<int> targets;
-      for (int n : sets[s])
-        if (nfa.to[n] >= 0 && nfa.on[n][representative[c]]) targets.push_back(nfa.to[n]);
-      if (!targets.empty()) row[c] = id_of(nfa.closure(std::move(targets)));
-    }
+    for (int c = 0; c < classes; ++c)
+      if (!targets[c].empty()) row[c] = id_of(nfa.closure(targets[c], final_node));
     moves.push_back(std::move(row));
   }
 
@@ -525,25 +553,27 @@ RegexDfa::RegexDfa(const std::string& pattern, int32_t max_states) {
   int32_t kept = 0;
   for (size_t s = 0; s < total; ++s)
     if (live[s]) renumbered[s] = kept++;
-  table_.assign(static_cast<size_t>(kept) * 256, kDead);
+  classes_ = classes;
+  for (int b = 0; b < 256; ++b) byte_class_[b] = static_cast<uint8_t>(byte_class[b]);
+  table_.assign(static_cast<size_t>(kept) * classes, kDead);
   accepting_.assign(kept, 0);
   continues_.assign(kept, 0);
   for (size_t s = 0; s < total; ++s) {
     const int32_t r = renumbered[s];
     if (r < 0) continue;
     accepting_[r] = std::binary_search(sets[s].begin(), sets[s].end(), final_node) ? 1 : 0;
-    for (int b = 0; b < 256; ++b) {
-      const int32_t t = moves[s][byte_class[b]];
+    for (int c = 0; c < classes; ++c) {
+      const int32_t t = moves[s][c];
       const int32_t to = t < 0 ? kDead : renumbered[t];
-      table_[static_cast<size_t>(r) * 256 + b] = to;
+      table_[static_cast<size_t>(r) * classes + c] = to;
       if (to >= 0) continues_[r] = 1;
     }
   }
   // Breadth first from the matches, over the transitions backwards.
   std::vector<std::vector<int32_t>> into(kept);
   for (int32_t r = 0; r < kept; ++r)
-    for (int b = 0; b < 256; ++b) {
-      const int32_t t = table_[static_cast<size_t>(r) * 256 + b];
+    for (int c = 0; c < classes; ++c) {
+      const int32_t t = table_[static_cast<size_t>(r) * classes + c];
       if (t >= 0 && (into[t].empty() || into[t].back() != r)) into[t].push_back(r);
     }
   distance_.assign(kept, -1);

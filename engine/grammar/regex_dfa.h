@@ -19,6 +19,7 @@
 // nothing are std::invalid_argument naming what and where.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -33,7 +34,13 @@ class RegexDfa {
   explicit RegexDfa(const std::string& pattern, int32_t max_states = 20000);
 
   int32_t start() const { return 0; }
-  int32_t next(int32_t state, uint8_t byte) const { return table_[static_cast<size_t>(state) * 256 + byte]; }
+  int32_t next(int32_t state, uint8_t byte) const {
+    return table_[static_cast<size_t>(state) * classes_ + byte_class_[byte]];
+  }
+  // Bytes of one class lead every state to the same place: a text is known by its classes.
+  uint8_t byte_class(uint8_t byte) const { return byte_class_[byte]; }
+  int32_t num_classes() const { return classes_; }
+  int32_t next_class(int32_t state, uint8_t cls) const { return table_[static_cast<size_t>(state) * classes_ + cls]; }
   bool accepting(int32_t state) const { return accepting_[state] != 0; }
   // Some byte leads on from `state` (false: only the end of the text may follow).
   bool continues(int32_t state) const { return continues_[state] != 0; }
@@ -47,7 +54,12 @@ class RegexDfa {
   bool full_match(const std::string& text) const;
 
  private:
-  std::vector<int32_t> table_;  // [state][byte] -> state or kDead
+  // Bytes that every transition treats alike share a class, so a state's row has one entry
+  // per class: a table several times smaller than one of 256 entries a state, which keeps a
+  // walk over the vocabulary in cache.
+  std::array<uint8_t, 256> byte_class_{};
+  int32_t classes_ = 1;
+  std::vector<int32_t> table_;  // [state][class] -> state or kDead
   std::vector<uint8_t> accepting_, continues_;
   std::vector<int32_t> distance_;
   int32_t max_distance_ = 0;

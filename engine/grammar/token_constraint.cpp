@@ -8,28 +8,21 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <string_view>
 #include <utility>
 
 namespace kvpipe {
 
 void TokenVocabulary::index() {
   sorted.clear();
-  shared_prefix.clear();
   for (size_t id = 0; id < bytes.size(); ++id)
     if (!bytes[id].empty()) sorted.push_back(static_cast<int32_t>(id));
   std::sort(sorted.begin(), sorted.end(), [&](int32_t a, int32_t b) { return bytes[a] < bytes[b]; });
-  shared_prefix.resize(sorted.size(), 0);
   sorted_bytes.clear();
   sorted_offset.assign(1, 0);
   for (int32_t id : sorted) {
     sorted_bytes += bytes[id];
     sorted_offset.push_back(static_cast<uint32_t>(sorted_bytes.size()));
-  }
-  for (size_t i = 1; i < sorted.size(); ++i) {
-    const std::string &a = bytes[sorted[i - 1]], &b = bytes[sorted[i]];
-    size_t n = 0;
-    while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
-    shared_prefix[i] = static_cast<int32_t>(n);
   }
 }
 
@@ -82,6 +75,60 @@ TokenConstraint::TokenConstraint(std::shared_ptr<const RegexDfa> dfa, std::share
     : dfa_(std::move(dfa)), vocabulary_(std::move(vocabulary)), stats_(std::move(stats)) {
   if (vocabulary_->sorted.empty() && !vocabulary_->bytes.empty())
     throw std::logic_error("TokenConstraint: the vocabulary is not indexed (TokenVocabulary::index)");
+  index_spellings();
+}
+
+void TokenConstraint::index_spellings() {
+  const TokenVocabulary& v = *vocabulary_;
+  // Every token's spelling, in the vocabulary's sorted order, in one buffer.
+  std::string all(v.sorted_bytes.size(), '\0');
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<char>(dfa_->byte_class(static_cast<uint8_t>(v.sorted_bytes[i])));
+  const size_t n = v.sorted.size();
+  // Distinct spellings by an open-addressing table of FNV-1a hashes: this runs for every
+  // constraint compiled, and a node-based map costs several times more.
+  size_t slots = 1;
+  while (slots < 2 * n + 2) slots <<= 1;
+  std::vector<int32_t> table(slots, -1);
+  std::vector<std::string_view> distinct;
+  std::vector<int32_t> spelling(n);
+  for (size_t i = 0; i < n; ++i) {
+    const std::string_view text(all.data() + v.sorted_offset[i], v.sorted_offset[i + 1] - v.sorted_offset[i]);
+    uint64_t h = 1469598103934665603ull;
+    for (char c : text) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+    size_t slot = static_cast<size_t>(h) & (slots - 1);
+    while (table[slot] >= 0 && distinct[table[slot]] != text) slot = (slot + 1) & (slots - 1);
+    if (table[slot] < 0) {
+      table[slot] = static_cast<int32_t>(distinct.size());
+      distinct.push_back(text);
+    }
+    spelling[i] = table[slot];
+  }
+  std::vector<int32_t> order(distinct.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int32_t>(k);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return distinct[a] < distinct[b]; });
+  std::vector<int32_t> rank(distinct.size());
+  for (size_t k = 0; k < order.size(); ++k) rank[order[k]] = static_cast<int32_t>(k);
+  spellings_.clear();
+  spelling_offset_.assign(1, 0);
+  spelling_shared_.assign(order.size(), 0);
+  for (size_t k = 0; k < order.size(); ++k) {
+    const std::string_view text = distinct[order[k]];
+    if (k > 0) {
+      const std::string_view before = distinct[order[k - 1]];
+      size_t m = 0;
+      while (m < before.size() && m < text.size() && before[m] == text[m]) ++m;
+      spelling_shared_[k] = static_cast<int32_t>(m);
+    }
+    spellings_.append(text.data(), text.size());
+    spelling_offset_.push_back(static_cast<uint32_t>(spellings_.size()));
+  }
+  // The tokens of each spelling, by counting.
+  spelling_tokens_.assign(order.size() + 1, 0);
+  for (size_t i = 0; i < n; ++i) ++spelling_tokens_[rank[spelling[i]] + 1];
+  for (size_t k = 0; k < order.size(); ++k) spelling_tokens_[k + 1] += spelling_tokens_[k];
+  tokens_of_.assign(n, 0);
+  std::vector<uint32_t> fill(spelling_tokens_.begin(), spelling_tokens_.end() - 1);
+  for (size_t i = 0; i < n; ++i) tokens_of_[fill[rank[spelling[i]]]++] = v.sorted[i];
 }
 
 TokenConstraint::~TokenConstraint() {
@@ -127,20 +174,21 @@ std::vector<int32_t> TokenConstraint::walk_vocabulary(int32_t state, bool first,
     if (max_end_distance) *max_end_distance = farthest;
     return out;
   }
-  // states[j]: the state after the first j bytes of the previous token, valid up to `alive`
-  // bytes (where it left the language, or its length).
+  // Over the distinct spellings: states[j] is the state after the first j classes of the
+  // previous spelling, valid up to `alive` classes (where it left the language, or its length).
   std::vector<int32_t> states(1, state);
   size_t alive = 0;
-  const char* flat = v.sorted_bytes.data();
-  for (size_t i = 0; i < v.sorted.size(); ++i) {
-    const size_t shared = i == 0 ? 0 : static_cast<size_t>(v.shared_prefix[i]);
+  const char* flat = spellings_.data();
+  const size_t count = spelling_shared_.size();
+  for (size_t k = 0; k < count; ++k) {
+    const size_t shared = static_cast<size_t>(spelling_shared_[k]);
     if (shared > alive) continue;  // it starts with the prefix that left the language
-    const char* b = flat + v.sorted_offset[i];
-    const size_t len = v.sorted_offset[i + 1] - v.sorted_offset[i];
+    const char* c = flat + spelling_offset_[k];
+    const size_t len = spelling_offset_[k + 1] - spelling_offset_[k];
     if (states.size() < len + 1) states.resize(len + 1);
     size_t j = shared;
     for (; j < len; ++j) {
-      const int32_t next = dfa_->next(states[j], static_cast<uint8_t>(b[j]));
+      const int32_t next = dfa_->next_class(states[j], static_cast<uint8_t>(c[j]));
       if (next < 0) break;
       states[j + 1] = next;
     }
@@ -148,7 +196,7 @@ std::vector<int32_t> TokenConstraint::walk_vocabulary(int32_t state, bool first,
     if (j == len) {
       const int32_t d = dfa_->distance(states[j]);
       if (room < 0 || d <= room) {
-        out.push_back(v.sorted[i]);
+        out.insert(out.end(), tokens_of_.begin() + spelling_tokens_[k], tokens_of_.begin() + spelling_tokens_[k + 1]);
         farthest = std::max(farthest, d);
       }
     }
@@ -164,13 +212,15 @@ const TokenConstraint::Allowed& TokenConstraint::allowed(int32_t state, bool fir
   Allowed a;
   a.ids = walk_vocabulary(state, first, -1, &a.max_end_distance);
   const size_t vocab = vocabulary_->bytes.size();
-  if (a.ids.size() > vocab / 2) {
+  if (a.ids.size() > 1024) {
+    // Into id order through a map of the vocabulary: one pass, where a sort of thousands of
+    // ids would cost more than the walk.
     std::vector<char> in(vocab, 0);
     for (int32_t id : a.ids) in[id] = 1;
+    a.rejected = a.ids.size() > vocab / 2;
     a.ids.clear();
     for (size_t id = 0; id < vocab; ++id)
-      if (!in[id]) a.ids.push_back(static_cast<int32_t>(id));
-    a.rejected = true;
+      if ((in[id] != 0) != a.rejected) a.ids.push_back(static_cast<int32_t>(id));
   } else {
     std::sort(a.ids.begin(), a.ids.end());
   }

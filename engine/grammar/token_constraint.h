@@ -32,11 +32,9 @@ struct TokenVocabulary {
   std::vector<std::string> bytes;  // what each token writes into the text ("" for special tokens)
   std::vector<int64_t> eos_ids;    // end-of-sequence: allowed where the text is a whole match
   bool strips_leading_space = false;
-  // The tokens that write something, by their bytes, and the bytes each shares with the one
-  // before it: a walk over them steps the automaton once per distinct prefix and skips the
-  // tokens under a prefix that left the language (index() fills them).
+  // The tokens that write something, by their bytes (index() fills them); each constraint
+  // spells them in its automaton's byte classes from here.
   std::vector<int32_t> sorted;
-  std::vector<int32_t> shared_prefix;
   std::string sorted_bytes;             // their bytes one after the other, in that order
   std::vector<uint32_t> sorted_offset;  // where each starts in sorted_bytes (and the end)
 
@@ -118,8 +116,20 @@ class TokenConstraint {
   const std::string& token_text(int64_t id, bool first, std::string* scratch) const;
   const Allowed& allowed(int32_t state, bool first) const;
   // The tokens that keep `state` alive and end where at most `room` bytes remain to a match
-  // (-1: any), in vocabulary order of their bytes.
+  // (-1: any), in no particular order.
   std::vector<int32_t> walk_vocabulary(int32_t state, bool first, int64_t room, int32_t* max_end_distance = nullptr) const;
+
+  // The tokens' texts spelled in the automaton's byte classes, each distinct spelling once
+  // (sorted, with the classes each shares with the one before) and the tokens that spell it:
+  // tokens of one spelling go the same way from every state, so a walk steps through each
+  // spelling once. Schemas distinguish few bytes, and 49,152 tokens make a few hundred to
+  // some thousands of spellings.
+  void index_spellings();
+  std::string spellings_;                   // the distinct spellings one after the other
+  std::vector<uint32_t> spelling_offset_;   // where each starts in spellings_ (and the end)
+  std::vector<int32_t> spelling_shared_;    // classes shared with the spelling before
+  std::vector<uint32_t> spelling_tokens_;   // where each spelling's tokens start in tokens_of_
+  std::vector<int32_t> tokens_of_;
 
   std::shared_ptr<const RegexDfa> dfa_;
   std::shared_ptr<const TokenVocabulary> vocabulary_;

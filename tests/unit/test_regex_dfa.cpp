@@ -71,8 +71,11 @@ TEST(RegexDfa, EveryStateCanStillReachAMatch) {
   // A branch that can never finish is pruned: after "x" only "y" leads to a match.
   const RegexDfa pruned("x(y|[^\\x00-\\x7f\\d])");
   EXPECT_NE(pruned.walk(pruned.start(), "xy"), RegexDfa::kDead);
-  for (int b = 0; b < 256; ++b)
-    if (b != 'y') EXPECT_EQ(pruned.next(pruned.walk(pruned.start(), "x"), static_cast<uint8_t>(b)), RegexDfa::kDead) << b;
+  for (int b = 0; b < 256; ++b) {
+    if (b != 'y') {
+      EXPECT_EQ(pruned.next(pruned.walk(pruned.start(), "x"), static_cast<uint8_t>(b)), RegexDfa::kDead) << b;
+    }
+  }
 }
 
 TEST(RegexDfa, RefusesWhatItDoesNotSupportByName) {
@@ -165,6 +168,39 @@ TEST(TokenConstraint, FirstTokenLosesTheSpaceASentencePieceDecoderDrops) {
   EXPECT_EQ(c.state_after(std::vector<int64_t>{5, 2}.data(), 2), c.state_after(std::vector<int64_t>{1, 2}.data(), 2));
   const TokenConstraint spaced(std::make_shared<const RegexDfa>("a a"), vocab);
   EXPECT_TRUE(allowed_after(spaced, {1}, 8)[5]);
+}
+
+TEST(TokenConstraint, MasksEqualAWalkOfEveryTokenAlone) {
+  // Every string of 1 to 3 bytes over an alphabet the patterns treat in different ways
+  // (tokens spelled alike in an automaton's classes share one walk; the mask must not care).
+  auto v = std::make_shared<TokenVocabulary>();
+  v->bytes.push_back("");  // EOS
+  const std::string alphabet = "ab1\"{} \xc3";
+  for (char x : alphabet) {
+    v->bytes.push_back(std::string(1, x));
+    for (char y : alphabet) {
+      v->bytes.push_back(std::string{x, y});
+      for (char z : alphabet) v->bytes.push_back(std::string{x, y, z});
+    }
+  }
+  v->eos_ids = {0};
+  v->index();
+  const int64_t vocab = static_cast<int64_t>(v->bytes.size());
+  for (const char* pattern : {"[ab]{2,5}1?", "\\{\"a\": [0-9]+\\}", "(ab|ba)*\"[^\"]{0,4}\"", "\u00e9a|b+"}) {
+    const RegexDfa dfa(pattern);
+    const TokenConstraint c(std::make_shared<const RegexDfa>(pattern), v);
+    // Outputs along a few paths: every single token that keeps the text alive, then one more.
+    std::vector<std::vector<int64_t>> outputs = {{}};
+    for (int64_t id = 1; id < vocab; ++id)
+      if (dfa.walk(dfa.start(), v->bytes[id]) != RegexDfa::kDead) outputs.push_back({id});
+    for (const std::vector<int64_t>& out : outputs) {
+      const std::vector<bool> got = allowed_after(c, out, vocab);
+      const int32_t state = c.state_after(out.data(), static_cast<int64_t>(out.size()));
+      for (int64_t id = 1; id < vocab; ++id)
+        ASSERT_EQ(got[id], dfa.walk(state, v->bytes[id]) != RegexDfa::kDead) << pattern << " token " << id;
+      ASSERT_EQ(got[0], dfa.accepting(state)) << pattern;
+    }
+  }
 }
 
 TEST(ConstraintStats, CountEveryMaskAndCompileAndWhatTheCachesHold) {
