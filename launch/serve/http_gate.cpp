@@ -220,7 +220,8 @@ void HttpGate::refuse(int fd, int status, const std::string& message) {
 }
 
 void HttpGate::look(int fd) {
-  std::vector<char> bytes(options_.max_header_bytes + 1);
+  std::vector<char>& bytes = peeked_;
+  bytes.resize(options_.max_header_bytes + 1);
   ssize_t n;
   do n = ::recv(fd, bytes.data(), bytes.size(), MSG_PEEK | MSG_DONTWAIT);
   while (n < 0 && errno == EINTR);

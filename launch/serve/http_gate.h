@@ -28,6 +28,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 namespace kvpipe {
 
@@ -73,6 +74,7 @@ class HttpGate {
 
   HttpGateOptions options_;
   std::function<void(int, size_t)> dispatch_;
+  std::vector<char> peeked_;  // the gate thread's buffer for what a connection sent
   int epoll_ = -1;
   int wake_ = -1;  // eventfd: stop()
   mutable std::mutex mutex_;

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <set>
 
 namespace kvpipe {
@@ -260,18 +261,33 @@ std::string tool_schema_pattern(const ToolRequest& tools) {
   }
 }
 
+// A request body with its keys in the order written (a schema's properties, a template's
+// tools and messages keep it), parsed on first use and at most once.
+class OrderedBody {
+ public:
+  explicit OrderedBody(const std::string& text) : text_(text) {}
+  const nlohmann::ordered_json& get() const {
+    if (!parsed_) parsed_ = nlohmann::ordered_json::parse(text_);
+    return *parsed_;
+  }
+
+ private:
+  const std::string& text_;
+  mutable std::optional<nlohmann::ordered_json> parsed_;
+};
+
 // The structured-output constraint a request asks for, or null: vLLM's
 // `structured_outputs: {regex | choice | json | json_object | grammar}`, its older
 // `guided_regex`, `guided_choice`, `guided_json` and `guided_grammar`, llama-server's
 // `grammar`, OpenAI's `response_format` (json_object, json_schema), and the call schema of
 // `tool_choice` required or named.
-std::shared_ptr<const TokenConstraint> constraint_of(const json& body, const std::string& text, const ServedModel& model,
-                                                     const ToolRequest& tools) {
+std::shared_ptr<const TokenConstraint> constraint_of(const json& body, const OrderedBody& ordered,
+                                                     const ServedModel& model, const ToolRequest& tools) {
   // The schemas' places, from the body with its keys in order.
-  auto in_order = [&text](std::initializer_list<const char*> path) {
-    nlohmann::ordered_json node = nlohmann::ordered_json::parse(text);
-    for (const char* key : path) node = nlohmann::ordered_json(node.at(key));
-    return node;
+  auto in_order = [&ordered](std::initializer_list<const char*> path) {
+    const nlohmann::ordered_json* node = &ordered.get();
+    for (const char* key : path) node = &node->at(key);
+    return *node;
   };
   std::string where, pattern;
   auto take = [&](const std::string& key, std::string p) {
@@ -334,10 +350,10 @@ std::shared_ptr<const TokenConstraint> constraint_of(const json& body, const std
   }
 }
 
-LogitsProcessing processing_of(const json& body, const std::string& text, const ServedModel& model,
+LogitsProcessing processing_of(const json& body, const OrderedBody& ordered, const ServedModel& model,
                                const ToolRequest& tools) {
   LogitsProcessing p;
-  p.constraint = constraint_of(body, text, model, tools);
+  p.constraint = constraint_of(body, ordered, model, tools);
   p.presence_penalty = number_field(body, "presence_penalty", 0.0, -2.0, 2.0);
   p.frequency_penalty = number_field(body, "frequency_penalty", 0.0, -2.0, 2.0);
   p.repetition_penalty = number_field(body, "repetition_penalty", 1.0, 0.0, 10.0, true);
@@ -361,9 +377,9 @@ LogitsProcessing processing_of(const json& body, const std::string& text, const 
 }
 
 // A chat body's tools, tool_choice and parallel_tool_calls.
-ToolRequest tool_request_of(const std::string& text, const ServedModel& model) {
+ToolRequest tool_request_of(const OrderedBody& ordered, const ServedModel& model) {
   try {
-    return parse_tool_request(nlohmann::ordered_json::parse(text), model.tool_syntax, model.renders_tools);
+    return parse_tool_request(ordered.get(), model.tool_syntax, model.renders_tools);
   } catch (const ToolRequestError& e) {
     throw bad(e.param, e.what());
   }
@@ -372,12 +388,12 @@ ToolRequest tool_request_of(const std::string& text, const ServedModel& model) {
 // The prompt of a chat body: its messages (and tools) rendered through the chat template.
 // Messages reach the template as transformers passes them: role and content, and a
 // message's name, tool_calls (arguments as objects) and tool_call_id when it has them.
-std::vector<int64_t> chat_prompt(const json& body, const std::string& text, const ServedModel& model,
+std::vector<int64_t> chat_prompt(const json& body, const OrderedBody& ordered, const ServedModel& model,
                                  const ToolRequest& tools) {
   const json* m = field(body, "messages");
   if (!m) throw bad("messages", "is required");
   if (!m->is_array() || m->empty()) throw bad("messages", "must be a non-empty list of messages");
-  const nlohmann::ordered_json in_order = nlohmann::ordered_json::parse(text).at("messages");
+  const nlohmann::ordered_json& in_order = ordered.get().at("messages");
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   for (size_t i = 0; i < m->size(); ++i) {
     const json& msg = (*m)[i];
@@ -465,9 +481,10 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
   refuse_unknown_fields(body, chat);
   CompletionRequest r;
   r.chat = chat;
-  const ToolRequest tools = chat ? tool_request_of(text, model) : ToolRequest();
+  const OrderedBody ordered(text);
+  const ToolRequest tools = chat ? tool_request_of(ordered, model) : ToolRequest();
   r.tools = tools.choice;
-  if (chat) r.prompts = {chat_prompt(body, text, model, tools)};
+  if (chat) r.prompts = {chat_prompt(body, ordered, model, tools)};
   else r.prompts = completion_prompts(body, model);
 
   r.n = static_cast<int>(integer_field(body, "n", 1, 1, 64));
@@ -488,7 +505,7 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat, c
   const int64_t top_k = integer_field(body, "top_k", 0, -1, std::numeric_limits<int32_t>::max());
   r.sampling.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);
   r.sampling.min_p = number_field(body, "min_p", 0.0, 0.0, 1.0);
-  r.processing = processing_of(body, text, model, tools);
+  r.processing = processing_of(body, ordered, model, tools);
   if (const json* seed = field(body, "seed")) {
     if (!seed->is_number_integer()) throw bad("seed", "must be an integer");
     r.sampling.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : static_cast<uint64_t>(seed->get<int64_t>());
@@ -738,7 +755,8 @@ std::string tokenize_response(const std::string& text, const ServedModel& model)
   const json body = parse_body(text);
   std::vector<int64_t> ids;
   if (field(body, "messages")) {
-    ids = chat_prompt(body, text, model, tool_request_of(text, model));
+    const OrderedBody ordered(text);
+    ids = chat_prompt(body, ordered, model, tool_request_of(ordered, model));
   } else {
     const json* p = field(body, "prompt");
     if (!p || !p->is_string()) throw bad("prompt", "must be a string (or send messages)");
