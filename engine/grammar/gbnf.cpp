@@ -550,6 +550,140 @@ void collect_refs(const Expr& e, std::vector<int>* out) {
   for (const Expr& k : e.kids) collect_refs(k, out);
 }
 
+bool mentions(const Expr& e, int rule) {
+  if (e.kind == Expr::kRef) return e.rule == rule;
+  for (const Expr& k : e.kids)
+    if (mentions(k, rule)) return true;
+  return false;
+}
+
+Expr empty_expr() { return Expr{}; }  // a sequence of nothing
+
+Expr seq_of(std::vector<Expr> kids) {
+  if (kids.size() == 1) return std::move(kids[0]);
+  Expr e;
+  e.kind = Expr::kSeq;
+  e.kids = std::move(kids);
+  return e;
+}
+
+bool is_empty(const Expr& e) { return e.kind == Expr::kSeq && e.kids.empty(); }
+
+// The alternation of `alts`, an empty one among them as `?` around the others.
+Expr alt_of(std::vector<Expr> alts) {
+  bool empty = false;
+  std::vector<Expr> kept;
+  for (Expr& a : alts) {
+    if (is_empty(a))
+      empty = true;
+    else
+      kept.push_back(std::move(a));
+  }
+  if (kept.empty()) return empty_expr();
+  Expr e;
+  if (kept.size() == 1) {
+    e = std::move(kept[0]);
+  } else {
+    e.kind = Expr::kAlt;
+    e.kids = std::move(kept);
+  }
+  if (!empty) return e;
+  Expr optional;
+  optional.kind = Expr::kRepeat;
+  optional.min = 0;
+  optional.max = 1;
+  optional.kids.push_back(std::move(e));
+  return optional;
+}
+
+// Splits `e`, a part of rule `self`'s body, into the texts after which (`tail`) or before
+// which (head) `self` follows once more, `again`, and those where it ends, `done`: false where
+// `self` appears anywhere but at that end of `e`.
+bool split_linear(const Expr& e, int self, bool tail, std::vector<Expr>* again, std::vector<Expr>* done) {
+  if (!mentions(e, self)) {
+    done->push_back(e);
+    return true;
+  }
+  switch (e.kind) {
+    case Expr::kRef:  // `self` itself
+      again->push_back(empty_expr());
+      return true;
+    case Expr::kSeq: {
+      const size_t n = e.kids.size();
+      const size_t end = tail ? n - 1 : 0;  // e mentions self, so n > 0
+      for (size_t i = 0; i < n; ++i)
+        if (i != end && mentions(e.kids[i], self)) return false;
+      std::vector<Expr> sub_again, sub_done;
+      if (!split_linear(e.kids[end], self, tail, &sub_again, &sub_done)) return false;
+      auto around = [&](Expr middle) {
+        std::vector<Expr> kids;
+        for (size_t i = 0; i < n; ++i) kids.push_back(i == end ? std::move(middle) : e.kids[i]);
+        return seq_of(std::move(kids));
+      };
+      for (Expr& x : sub_again) again->push_back(around(std::move(x)));
+      for (Expr& x : sub_done) done->push_back(around(std::move(x)));
+      return true;
+    }
+    case Expr::kAlt:
+      for (const Expr& k : e.kids)
+        if (!split_linear(k, self, tail, again, done)) return false;
+      return true;
+    case Expr::kRepeat:
+      if (e.min != 0 || e.max != 1) return false;
+      done->push_back(empty_expr());
+      return split_linear(e.kids[0], self, tail, again, done);
+    case Expr::kText:
+      break;
+  }
+  return false;
+}
+
+// Right and left recursion of a rule into itself alone (`ws ::= ([ \t\n] ws)?`, `items ::=
+// item ("," items)?`, `list ::= list "," item | item`) is a regular language: rule R ::= A R |
+// B is A* B, and R ::= R A | B is B A*. Such rules are rewritten so, and no longer unrolled,
+// where none of R's other parts lead back to R through other rules.
+void rewrite_linear_recursion(std::vector<Rule>* rules, const std::vector<std::vector<int>>& refs) {
+  const size_t n = rules->size();
+  for (size_t r = 0; r < n; ++r) {
+    Rule& rule = (*rules)[r];
+    const int self = static_cast<int>(r);
+    if (!mentions(rule.body, self)) continue;
+    // The rules R's body names besides itself must not lead back to it.
+    std::vector<char> seen(n, 0);
+    std::vector<int> todo;
+    for (int t : refs[r])
+      if (t != self) todo.push_back(t);
+    bool back = false;
+    while (!todo.empty() && !back) {
+      const size_t t = static_cast<size_t>(todo.back());
+      todo.pop_back();
+      if (seen[t]) continue;
+      seen[t] = 1;
+      for (int u : refs[t]) {
+        if (u == self) back = true;
+        todo.push_back(u);
+      }
+    }
+    if (back) continue;
+    for (bool tail : {true, false}) {
+      std::vector<Expr> again, done;
+      if (!split_linear(rule.body, self, tail, &again, &done) || done.empty()) continue;
+      Expr repeat;
+      repeat.kind = Expr::kRepeat;
+      repeat.min = 0;
+      repeat.max = -1;
+      repeat.kids.push_back(alt_of(std::move(again)));
+      Expr end = alt_of(std::move(done));
+      if (is_empty(repeat.kids[0])) {  // R ::= R | B is B
+        rule.body = std::move(end);
+        break;
+      }
+      rule.body = tail ? seq_of({std::move(repeat), std::move(end)}) : seq_of({std::move(end), std::move(repeat)});
+      break;
+    }
+  }
+}
+
 // Expands rules into one pattern, each rule nesting in itself at most `max_depth` times.
 class Expander {
  public:
@@ -722,7 +856,9 @@ std::string gbnf_regex(const std::string& grammar, int max_depth) {
   if (endless)
     parser.fail_at(endless->defined_at, "rule '" + endless->name + "' recurses without an end");
 
-  Expander expander(rules, max_depth);
+  std::vector<Rule> linear = rules;
+  rewrite_linear_recursion(&linear, refs);
+  Expander expander(linear, max_depth);
   Expr start;
   start.kind = Expr::kRef;
   start.rule = root;

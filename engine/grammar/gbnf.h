@@ -13,14 +13,16 @@
 //
 // Guarantees: every string the pattern matches is in the language of the rule `root` (sound),
 // and for a grammar without recursion the pattern's language is exactly root's (but for the
-// negated classes below). A grammar with recursion (a rule that reaches itself, directly or
-// through other rules) can describe more than a regular language, so its recursion is
-// unrolled: a rule nests inside itself at most `max_depth` times (depth 1 is its first
-// expansion), and at the deepest level the alternatives that need it once more are dropped
-// (an optional part that needs it becomes empty). With max_depth 3, `root ::= "(" root ")" |
-// "x"` matches x, (x), ((x)) and not (((x))); right recursion such as `ws ::= ([ \t\n] ws)?`
-// is bounded the same way (here: at most 2 whitespace characters, as its third level can only
-// be empty), and so is left recursion, which llama.cpp refuses. Characters outside ASCII are exact
+// negated classes below). So it is for a rule that recurs into itself only at the end of its
+// texts or only at their start, through no other rule: right recursion such as `ws ::=
+// ([ \t\n] ws)?` or `items ::= item ("," items)?`, and left recursion (`list ::= list ","
+// item | item`, which llama.cpp refuses), are regular and become repetitions (R ::= A R | B
+// is A* B). Other recursion (a rule that reaches itself through other rules, or in its
+// middle) can describe more than a regular language, so it is unrolled: a rule nests inside
+// itself at most `max_depth` times (depth 1 is its first expansion), and at the deepest level
+// the alternatives that need it once more are dropped (an optional part that needs it becomes
+// empty). With max_depth 3, `root ::= "(" root ")" | "x"` matches x, (x), ((x)) and not
+// (((x))). Characters outside ASCII are exact
 // in literals and in classes that list at most 4096 of them or take all of them; a negated class
 // that leaves out some characters outside ASCII (and takes more than 4096 of them) takes only its
 // ASCII characters, a subset, as RegexDfa's own negated classes do.

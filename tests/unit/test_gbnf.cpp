@@ -194,10 +194,11 @@ TEST(Gbnf, LlamaCppFailures) {
 }
 
 // llama.cpp refuses left recursion (test_failure_left_recursion): its engine would loop. A
-// byte automaton has no such limit, so kvpipe unrolls it as any recursion.
-TEST(Gbnf, LeftRecursionIsUnrolledLikeAnyRecursion) {
+// byte automaton has no such limit: a rule's left recursion into itself is a repetition, and
+// left recursion through other rules is unrolled as any recursion.
+TEST(Gbnf, LeftRecursionIsARepetitionOrUnrolled) {
   expect_language(
-      {"simple", R"g(root ::= "a" | root "a")g", {"a", "aa", "aaa"}, {"", "aaaa", "b"}});
+      {"simple", R"g(root ::= "a" | root "a")g", {"a", "aa", "aaa", "aaaaaaaaaa"}, {"", "b", "ab"}});
   expect_language({"hard",
                    R"g(
         root ::= asdf
@@ -243,10 +244,10 @@ boolean ::= ("true" | "false") ws
 ws ::= ([ \t\n] ws)?
 )g",
        {"{}", "{\"a\":1}", "{ \"a\": -12 , \"b\": [true, \"x\\u00e9\\n\"]}",
-        "{\"caf\xc3\xa9 \xf0\x9f\x98\x80\":false}", "{\"a\":{\"b\":{\"c\":[]}}}"},
+        "{\"caf\xc3\xa9 \xf0\x9f\x98\x80\":false}", "{\"a\":{\"b\":{\"c\":[]}}}",
+        "{\"a\":1   }" /* ws is right recursion: exact, any number of blanks */},
        {"", "[]", "{\"a\":1,}", "{\"a\" :1}", "{\"a\":\"\n\"}", "{\"a\":\"\\x\"}", "{'a':1}",
-        "{\"a\":{\"b\":{\"c\":[1]}}}" /* four levels of values: past depth 3 */,
-        "{\"a\":1   }" /* ws recursion: at most 2 blanks at depth 3 */}});
+        "{\"a\":{\"b\":{\"c\":[1]}}}" /* four levels of values: past depth 3 */}});
   expect_language({"arithmetic.gbnf",
                    R"g(root  ::= (expr "=" ws term "\n")+
 expr  ::= term ([-+*/] term)*
@@ -377,10 +378,35 @@ TEST(Gbnf, RecursionIsUnrolledToMaxDepth) {
        {"[]", "[0,[0,[]]]", "[[[]]]"},
        {"[[[[]]]]", "[0,[0,[0,[]]]]"}});
   // An optional part that needs one more level is dropped at the deepest level.
-  expect_language({"right recursion",
-                   "root ::= \"<\" ws \">\"\nws ::= ([ \\t\\n] ws)?",
+  expect_language({"right recursion through another rule",
+                   "root ::= \"<\" ws \">\"\nws ::= ([ \\t\\n] more)?\nmore ::= ws",
                    {"<>", "< >", "<  >"},
                    {"<   >"}});
+}
+
+// A rule that recurs into itself only at the end (or only at the start) of its texts is a
+// regular language, and exact whatever the depth.
+TEST(Gbnf, LinearRecursionIntoItselfIsExact) {
+  expect_language({"optional tail", "root ::= \"<\" ws \">\"\nws ::= ([ \\t\\n] ws)?",
+                   {"<>", "< >", "<  >", "<\t\n \n \t>"},
+                   {"<x>", "<", " <>"}});
+  expect_language({"list", "root ::= items\nitems ::= [0-9] (\",\" items)?",
+                   {"1", "1,2", "1,2,3,4,5,6,7,8,9,0"},
+                   {"", "1,", ",1", "1,,2", "12"}});
+  expect_language({"several alternatives", "root ::= \"a\" root | \"b\" root | \"c\" | \"d\" \"e\"",
+                   {"c", "de", "abababc", "bbbbde"},
+                   {"", "a", "ab", "ca", "dea"}});
+  expect_language({"left, with a separator", "root ::= root \",\" [0-9] | [0-9]",
+                   {"1", "1,2", "1,2,3,4,5,6"},
+                   {"", ",1", "1,", "1,,2"}});
+  expect_language({"R ::= R | B is B", "root ::= root | \"x\"", {"x"}, {"", "xx"}});
+  // In the middle it is not regular: unrolled.
+  expect_language({"middle", "root ::= \"(\" root \")\" | \"x\"", {"((x))"}, {"(((x)))"}});
+  // A rule that also comes back to itself through another is unrolled, not rewritten.
+  expect_language({"also through another rule",
+                   "root ::= \"a\" root | \"[\" other \"]\" | \"x\"\nother ::= root",
+                   {"x", "aax", "[x]", "[ax]"},
+                   {"aaax", "a[ax]"} /* four levels of root */});
 }
 
 TEST(Gbnf, Refusals) {
