@@ -41,6 +41,10 @@ class RegexDfa {
   uint8_t byte_class(uint8_t byte) const { return byte_class_[byte]; }
   int32_t num_classes() const { return classes_; }
   int32_t next_class(int32_t state, uint8_t cls) const { return table_[static_cast<size_t>(state) * classes_ + cls]; }
+  // The table itself ([state * num_classes() + class]) and the distances by state, for walks
+  // that hold them in registers over many steps.
+  const int32_t* transitions() const { return table_.data(); }
+  const int32_t* distances() const { return distance_.data(); }
   bool accepting(int32_t state) const { return accepting_[state] != 0; }
   // Some byte leads on from `state` (false: only the end of the text may follow).
   bool continues(int32_t state) const { return continues_[state] != 0; }

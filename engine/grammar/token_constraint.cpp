@@ -129,6 +129,20 @@ void TokenConstraint::index_spellings() {
   tokens_of_.assign(n, 0);
   std::vector<uint32_t> fill(spelling_tokens_.begin(), spelling_tokens_.end() - 1);
   for (size_t i = 0; i < n; ++i) tokens_of_[fill[rank[spelling[i]]]++] = v.sorted[i];
+  const int32_t count = static_cast<int32_t>(spelling_shared_.size());
+  spelling_jump_.assign(spelling_shared_.size(), count);
+  std::vector<int32_t> later;  // the next spellings with ever fewer shared classes
+  for (int32_t k = count - 1; k >= 0; --k) {
+    while (!later.empty() && spelling_shared_[later.back()] >= spelling_shared_[k]) later.pop_back();
+    if (!later.empty()) spelling_jump_[k] = later.back();
+    later.push_back(k);
+  }
+  unspelled_.clear();
+  for (size_t id = 0; id < v.bytes.size(); ++id)
+    if (v.bytes[id].empty()) unspelled_.push_back(static_cast<int32_t>(id));
+  longest_spelling_ = 0;
+  for (size_t k = 0; k + 1 < spelling_offset_.size(); ++k)
+    longest_spelling_ = std::max<size_t>(longest_spelling_, spelling_offset_[k + 1] - spelling_offset_[k]);
 }
 
 TokenConstraint::~TokenConstraint() {
@@ -174,34 +188,56 @@ std::vector<int32_t> TokenConstraint::walk_vocabulary(int32_t state, bool first,
     if (max_end_distance) *max_end_distance = farthest;
     return out;
   }
-  // Over the distinct spellings: states[j] is the state after the first j classes of the
-  // previous spelling, valid up to `alive` classes (where it left the language, or its length).
-  std::vector<int32_t> states(1, state);
+  for (int32_t k : walk_spellings(state, room, &farthest)) append_tokens(k, &out);
+  if (max_end_distance) *max_end_distance = farthest;
+  return out;
+}
+
+std::vector<int32_t> TokenConstraint::walk_spellings(int32_t state, int64_t room, int32_t* max_end_distance) const {
+  std::vector<int32_t> out;
+  int32_t farthest = 0;
+  // states[j] is the state after the first j classes of the previous spelling, valid up to
+  // `alive` classes (where it left the language, or its length).
+  std::vector<int32_t> states(longest_spelling_ + 1);
+  states[0] = state;
   size_t alive = 0;
   const char* flat = spellings_.data();
+  const uint32_t* offset = spelling_offset_.data();
+  const int32_t* shared_with = spelling_shared_.data();
+  const int32_t* jump = spelling_jump_.data();
+  int32_t* at = states.data();
+  // Held here: stores into `states` could otherwise alias the automaton's own arrays.
+  const int32_t* table = dfa_->transitions();
+  const int32_t* distance = dfa_->distances();
+  const size_t classes = static_cast<size_t>(dfa_->num_classes());
   const size_t count = spelling_shared_.size();
   for (size_t k = 0; k < count; ++k) {
-    const size_t shared = static_cast<size_t>(spelling_shared_[k]);
-    if (shared > alive) continue;  // it starts with the prefix that left the language
-    const char* c = flat + spelling_offset_[k];
-    const size_t len = spelling_offset_[k + 1] - spelling_offset_[k];
-    if (states.size() < len + 1) states.resize(len + 1);
+    size_t shared = static_cast<size_t>(shared_with[k]);
+    // Those that start with the prefix that left the language, a group at a time.
+    while (shared > alive) {
+      k = static_cast<size_t>(jump[k]);
+      if (k >= count) break;
+      shared = static_cast<size_t>(shared_with[k]);
+    }
+    if (k >= count) break;
+    const char* c = flat + offset[k];
+    const size_t len = offset[k + 1] - offset[k];
     size_t j = shared;
     for (; j < len; ++j) {
-      const int32_t next = dfa_->next_class(states[j], static_cast<uint8_t>(c[j]));
+      const int32_t next = table[static_cast<size_t>(at[j]) * classes + static_cast<uint8_t>(c[j])];
       if (next < 0) break;
-      states[j + 1] = next;
+      at[j + 1] = next;
     }
     alive = j;
     if (j == len) {
-      const int32_t d = dfa_->distance(states[j]);
+      const int32_t d = distance[at[j]];
       if (room < 0 || d <= room) {
-        out.insert(out.end(), tokens_of_.begin() + spelling_tokens_[k], tokens_of_.begin() + spelling_tokens_[k + 1]);
+        out.push_back(static_cast<int32_t>(k));
         farthest = std::max(farthest, d);
       }
     }
   }
-  if (max_end_distance) *max_end_distance = farthest;
+  *max_end_distance = farthest;
   return out;
 }
 
@@ -210,24 +246,42 @@ const TokenConstraint::Allowed& TokenConstraint::allowed(int32_t state, bool fir
   const auto it = cache_.find(key);
   if (it != cache_.end()) return it->second;
   Allowed a;
-  a.ids = walk_vocabulary(state, first, -1, &a.max_end_distance);
   const size_t vocab = vocabulary_->bytes.size();
-  if (a.ids.size() > 1024) {
+  if (first && vocabulary_->strips_leading_space) {
+    a.by_id = true;
+    a.items = walk_vocabulary(state, first, -1, &a.max_end_distance);
     // Into id order through a map of the vocabulary: one pass, where a sort of thousands of
     // ids would cost more than the walk.
     std::vector<char> in(vocab, 0);
-    for (int32_t id : a.ids) in[id] = 1;
-    a.rejected = a.ids.size() > vocab / 2;
-    a.ids.clear();
+    for (int32_t id : a.items) in[id] = 1;
+    a.rejected = a.items.size() > vocab / 2;
+    a.items.clear();
     for (size_t id = 0; id < vocab; ++id)
-      if ((in[id] != 0) != a.rejected) a.ids.push_back(static_cast<int32_t>(id));
+      if ((in[id] != 0) != a.rejected) a.items.push_back(static_cast<int32_t>(id));
   } else {
-    std::sort(a.ids.begin(), a.ids.end());
+    a.items = walk_spellings(state, -1, &a.max_end_distance);
+    size_t tokens = 0;
+    for (int32_t k : a.items) tokens += spelling_tokens_[k + 1] - spelling_tokens_[k];
+    if (tokens > vocab / 2) {
+      // The other spellings, by a merge with the ascending allowed ones.
+      std::vector<int32_t> others;
+      others.reserve(spelling_shared_.size() - a.items.size());
+      size_t i = 0;
+      for (int32_t k = 0; k < static_cast<int32_t>(spelling_shared_.size()); ++k) {
+        if (i < a.items.size() && a.items[i] == k)
+          ++i;
+        else
+          others.push_back(k);
+      }
+      a.items = std::move(others);
+      a.rejected = true;
+    }
   }
-  a.ids.shrink_to_fit();
+  a.items.shrink_to_fit();
   if (stats_) {
-    // The ids, plus what a node of the map costs beside them.
-    const int64_t bytes = static_cast<int64_t>(a.ids.capacity() * sizeof(int32_t) + sizeof(Allowed) + 4 * sizeof(void*));
+    // The items, plus what a node of the map costs beside them.
+    const int64_t bytes =
+        static_cast<int64_t>(a.items.capacity() * sizeof(int32_t) + sizeof(Allowed) + 4 * sizeof(void*));
     cache_bytes_ += bytes;
     stats_->add_cached(bytes, 1);
   }
@@ -276,22 +330,39 @@ void TokenConstraint::mask_row(float* logits, int64_t vocab, const int64_t* outp
   if (binding) {
     if (a.rejected) {
       finishing = walk_vocabulary(state, first, room);
-    } else {
+    } else if (a.by_id) {
       std::string scratch;
-      for (int32_t id : a.ids)
+      for (int32_t id : a.items)
         if (dfa_->distance(dfa_->walk(state, token_text(id, first, &scratch))) <= room) finishing.push_back(id);
+    } else {
+      for (int32_t k : a.items) {
+        int32_t end = state;
+        for (uint32_t j = spelling_offset_[k]; j < spelling_offset_[k + 1] && end >= 0; ++j)
+          end = dfa_->next_class(end, static_cast<uint8_t>(spellings_[j]));
+        if (end >= 0 && dfa_->distance(end) <= room) append_tokens(k, &finishing);
+      }
     }
   }
   if (binding && (!finishing.empty() || !ends.empty())) {
     keep_only(finishing);
-  } else {
-    if (a.rejected) {
-      for (int32_t id : a.ids)
-        if (id < vocab) logits[id] = kBanned;
-      for (int64_t id = known; id < vocab; ++id) logits[id] = kBanned;  // padding rows of the head
+  } else if (a.rejected) {
+    auto ban = [&](int32_t id) {
+      if (id < vocab) logits[id] = kBanned;
+    };
+    if (a.by_id) {
+      for (int32_t id : a.items) ban(id);
     } else {
-      keep_only(a.ids);
+      for (int32_t k : a.items)
+        for (uint32_t t = spelling_tokens_[k]; t < spelling_tokens_[k + 1]; ++t) ban(tokens_of_[t]);
+      for (int32_t id : unspelled_) ban(id);
     }
+    for (int64_t id = known; id < vocab; ++id) logits[id] = kBanned;  // padding rows of the head
+  } else if (a.by_id) {
+    keep_only(a.items);
+  } else {
+    std::vector<int32_t> ids;
+    for (int32_t k : a.items) append_tokens(k, &ids);
+    keep_only(ids);
   }
   for (int64_t id : vocabulary_->eos_ids)
     if (id >= 0 && id < vocab) logits[id] = kBanned;

@@ -104,10 +104,13 @@ class TokenConstraint {
   size_t cached_states() const { return cache_.size(); }
 
  private:
-  // The tokens allowed from a state: their ids, or (`rejected`) the ids of all the others,
-  // whichever list is shorter.
+  // The tokens allowed from a state, as the spellings (indices into spellings_) of the
+  // tokens allowed or (`rejected`) of those ruled out, whichever holds fewer tokens; for the
+  // first token of a SentencePiece output (`by_id`), as token ids the same way. Kept as
+  // spellings, a state's first visit costs the walk alone, with no pass over the vocabulary.
   struct Allowed {
-    std::vector<int32_t> ids;
+    std::vector<int32_t> items;
+    bool by_id = false;
     bool rejected = false;
     int32_t max_end_distance = 0;  // the most bytes to a match after one of them
   };
@@ -118,6 +121,13 @@ class TokenConstraint {
   // The tokens that keep `state` alive and end where at most `room` bytes remain to a match
   // (-1: any), in no particular order.
   std::vector<int32_t> walk_vocabulary(int32_t state, bool first, int64_t room, int32_t* max_end_distance = nullptr) const;
+  // The same as spellings, in ascending order (not for the first token of a SentencePiece
+  // output, whose spellings differ).
+  std::vector<int32_t> walk_spellings(int32_t state, int64_t room, int32_t* max_end_distance) const;
+  // Appends the tokens of spelling `k` to `out`.
+  void append_tokens(int32_t k, std::vector<int32_t>* out) const {
+    out->insert(out->end(), tokens_of_.begin() + spelling_tokens_[k], tokens_of_.begin() + spelling_tokens_[k + 1]);
+  }
 
   // The tokens' texts spelled in the automaton's byte classes, each distinct spelling once
   // (sorted, with the classes each shares with the one before) and the tokens that spell it:
@@ -128,8 +138,14 @@ class TokenConstraint {
   std::string spellings_;                   // the distinct spellings one after the other
   std::vector<uint32_t> spelling_offset_;   // where each starts in spellings_ (and the end)
   std::vector<int32_t> spelling_shared_;    // classes shared with the spelling before
+  // The first spelling after each that shares fewer classes with its predecessor: the ones
+  // between share that spelling's first classes, so a walk that left the language there
+  // skips them in one step.
+  std::vector<int32_t> spelling_jump_;
   std::vector<uint32_t> spelling_tokens_;   // where each spelling's tokens start in tokens_of_
   std::vector<int32_t> tokens_of_;
+  std::vector<int32_t> unspelled_;  // the tokens that write nothing (special tokens)
+  size_t longest_spelling_ = 0;
 
   std::shared_ptr<const RegexDfa> dfa_;
   std::shared_ptr<const TokenVocabulary> vocabulary_;
