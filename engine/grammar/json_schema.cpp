@@ -23,6 +23,11 @@ constexpr size_t kMaxPattern = size_t{512} << 10;
 // Thrown where a schema would need a recursive $ref once more than kRefDepth allows: a
 // place that can do without it (an optional property, an array that may be empty, another
 // alternative) drops it; elsewhere it propagates, up to "recurses without an end".
+// What oneOf's check of its alternatives may visit: the states of each one's automaton, and
+// pairs of states of two of them.
+constexpr int32_t kMaxOneOfStates = 20000;
+constexpr size_t kMaxOneOfPairs = 200000;
+
 struct TooDeep {
   std::string at;
 };
@@ -85,6 +90,34 @@ class Compiler {
  public:
   explicit Compiler(const json& root) : root_(root) {}
 
+  // oneOf takes a value valid against exactly one alternative. Alternatives are written as
+  // alternatives of the pattern, so a text two of them match would be valid against both: such
+  // a schema is refused, naming a shortest such text, rather than answered with values oneOf
+  // rules out.
+  void exclusive(const std::vector<std::string>& alts, const std::vector<size_t>& places, const std::string& at) {
+    if (alts.size() < 2) return;
+    std::vector<RegexDfa> dfas;
+    try {
+      for (const std::string& a : alts) dfas.emplace_back(a, kMaxOneOfStates);
+    } catch (const std::invalid_argument&) {
+      fail(at, "alternatives too large to check that they exclude each other (anyOf takes either)");
+    }
+    for (size_t i = 0; i < dfas.size(); ++i)
+      for (size_t j = i + 1; j < dfas.size(); ++j) {
+        std::string text;
+        const Overlap o = common_match(dfas[i], dfas[j], kMaxOneOfPairs, &text);
+        const std::string which =
+            "alternatives " + std::to_string(places[i]) + " and " + std::to_string(places[j]);
+        if (o == Overlap::kSome) {
+          if (text.size() > 60) text = text.substr(0, 57) + "...";
+          fail(at, which + " both take " + json(text).dump(-1, ' ', false, json::error_handler_t::replace) +
+                       ": oneOf needs alternatives that exclude each other (anyOf takes either)");
+        }
+        if (o == Overlap::kUnknown)
+          fail(at, which + " are too large to check that they exclude each other (anyOf takes either)");
+      }
+  }
+
   std::string value(const json& s, const std::string& at) {
     if (s.is_boolean()) {
       if (!s.get<bool>()) fail(at, "false (no value is valid)");
@@ -113,15 +146,18 @@ class Compiler {
       const json& list = s[key];
       if (!list.is_array() || list.empty()) fail(join(at, key), "must be a non-empty list of schemas");
       std::vector<std::string> alts;
+      std::vector<size_t> kept;  // the alternatives' places in the list
       std::optional<TooDeep> deep;
       for (size_t i = 0; i < list.size(); ++i) {
         try {
           alts.push_back(value(list[i], join(at, key) + "[" + std::to_string(i) + "]"));
+          kept.push_back(i);
         } catch (const TooDeep& d) {
           deep = d;  // this alternative needs more recursion: the others remain
         }
       }
       if (alts.empty()) throw *deep;
+      if (std::string(key) == "oneOf") exclusive(alts, kept, join(at, key));
       return group(alts);
     }
     if (s.contains("allOf")) {

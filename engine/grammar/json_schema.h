@@ -9,7 +9,8 @@
 // (Pydantic, OpenAI's strict mode): `type` (one or a list), `properties` with `required`,
 // `additionalProperties` (false or absent: only the listed properties are written; an
 // object without `properties` takes any JSON object), `enum`, `const`, `items` with
-// `minItems`/`maxItems`, `anyOf`/`oneOf` (as alternatives), `allOf` of one schema, `$ref`
+// `minItems`/`maxItems`, `anyOf`, `oneOf` (alternatives that must exclude each other: where
+// two of them take some text, the schema is refused naming it), `allOf` of one schema, `$ref`
 // to `#/$defs/...` or `#/definitions/...`, strings' `minLength`,
 // `maxLength`, `pattern` (RegexDfa's subset, matching the whole string) and `format`
 // (date, time, date-time, uuid); annotations (title, description, default, examples,

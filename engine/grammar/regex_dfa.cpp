@@ -608,6 +608,47 @@ bool RegexDfa::full_match(const std::string& text) const {
   return s >= 0 && accepting(s);
 }
 
+Overlap common_match(const RegexDfa& a, const RegexDfa& b, size_t max_pairs, std::string* witness) {
+  // One byte for each pair of classes that some byte has: bytes of the same pair go alike.
+  std::vector<uint8_t> bytes;
+  {
+    std::set<std::pair<int, int>> seen;
+    for (int c = 0; c < 256; ++c) {
+      const auto byte = static_cast<uint8_t>(c);
+      if (seen.insert({a.byte_class(byte), b.byte_class(byte)}).second) bytes.push_back(byte);
+    }
+  }
+  struct Visit {
+    int32_t sa, sb;
+    int64_t parent;  // index of the pair before, -1 at the start
+    uint8_t byte;    // the byte from it
+  };
+  std::vector<Visit> order = {{a.start(), b.start(), -1, 0}};
+  std::unordered_map<int64_t, int64_t> index;
+  auto key = [](int32_t x, int32_t y) { return (static_cast<int64_t>(x) << 32) | static_cast<uint32_t>(y); };
+  index.emplace(key(a.start(), b.start()), 0);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const Visit v = order[i];
+    if (a.accepting(v.sa) && b.accepting(v.sb)) {
+      std::string text;
+      for (int64_t at = static_cast<int64_t>(i); order[at].parent >= 0; at = order[at].parent)
+        text += static_cast<char>(order[at].byte);
+      std::reverse(text.begin(), text.end());
+      if (witness) *witness = text;
+      return Overlap::kSome;
+    }
+    for (uint8_t byte : bytes) {
+      const int32_t na = a.next(v.sa, byte), nb = b.next(v.sb, byte);
+      if (na < 0 || nb < 0) continue;
+      if (index.emplace(key(na, nb), static_cast<int64_t>(order.size())).second) {
+        if (order.size() >= max_pairs) return Overlap::kUnknown;
+        order.push_back({na, nb, static_cast<int64_t>(i), byte});
+      }
+    }
+  }
+  return Overlap::kNone;
+}
+
 std::string regex_escape(const std::string& text) {
   static const std::string special = "\\.^$|?*+()[]{}-&~# \t\n\r\v\f";
   std::string out;

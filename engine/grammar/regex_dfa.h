@@ -69,6 +69,12 @@ class RegexDfa {
   int32_t max_distance_ = 0;
 };
 
+// Whether some text is a match of both `a` and `b`: by a breadth-first search of their pairs
+// of states, so `*witness` is a shortest such text. kUnknown where the search would visit
+// more than `max_pairs` pairs.
+enum class Overlap { kNone, kSome, kUnknown };
+Overlap common_match(const RegexDfa& a, const RegexDfa& b, size_t max_pairs, std::string* witness);
+
 // `text` with every character that is special in a regular expression escaped, so that the
 // pattern matches exactly `text` (as Python's re.escape).
 std::string regex_escape(const std::string& text);

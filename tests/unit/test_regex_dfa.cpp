@@ -292,6 +292,31 @@ TEST(JsonSchemaRegex, RecursiveRefsNestThreeLevelsDeep) {
   EXPECT_FALSE(tree.full_match(R"({"kids": [{"kids": [{"kids": [{"kids": [], "up": null}], "up": null}], "up": null}], "up": null})"));
 }
 
+// oneOf is exact where its alternatives exclude each other (a discriminated union): an answer
+// then matches one alternative only.
+TEST(JsonSchemaRegex, OneOfOfAlternativesThatExcludeEachOther) {
+  const RegexDfa dfa(json_schema_regex(nlohmann::ordered_json::parse(
+      R"({"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "n": {"type": "integer"}},
+                     "required": ["kind", "n"], "additionalProperties": false},
+                    {"type": "object", "properties": {"kind": {"const": "b"}, "n": {"type": "number"}},
+                     "required": ["kind", "n"], "additionalProperties": false},
+                    {"type": "boolean"}]})")));
+  EXPECT_TRUE(dfa.full_match(R"({"kind": "a", "n": 5})"));
+  EXPECT_TRUE(dfa.full_match(R"({"kind": "b", "n": 5.5})"));
+  EXPECT_TRUE(dfa.full_match("true"));
+  EXPECT_FALSE(dfa.full_match(R"({"kind": "c", "n": 5})"));
+}
+
+TEST(RegexDfa, CommonMatchIsAShortestTextOfBoth) {
+  std::string text;
+  EXPECT_EQ(common_match(RegexDfa("a+b|c"), RegexDfa("[ab]{3}"), 1000, &text), Overlap::kSome);
+  EXPECT_EQ(text, "aab");
+  EXPECT_EQ(common_match(RegexDfa("[0-9]+"), RegexDfa("[a-z]+"), 1000, &text), Overlap::kNone);
+  EXPECT_EQ(common_match(RegexDfa("x[0-9]*y"), RegexDfa("x[0-9]*z"), 1000, &text), Overlap::kNone);
+  // Where the pairs run out before an answer.
+  EXPECT_EQ(common_match(RegexDfa("[a-z]{40}1"), RegexDfa("[a-z]{40}2"), 10, &text), Overlap::kUnknown);
+}
+
 TEST(JsonSchemaRegex, RefusesWhatItDoesNotSupportByKeywordAndPlace) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"type": "integer", "minimum": 3})", "minimum: is not supported"},
@@ -306,7 +331,12 @@ TEST(JsonSchemaRegex, RefusesWhatItDoesNotSupportByKeywordAndPlace) {
       {R"({"type": "wat"})", "unknown type"},
       {R"({"properties": {"a": {}}, "required": ["b"]})", "required"},
       {R"({"allOf": [{}, {}]})", "allOf"},
-      {R"({"not": {}})", "not: is not supported"}};
+      {R"({"not": {}})", "not: is not supported"},
+      // oneOf whose alternatives share values: 5 is an integer and a number; "a" is a string.
+      {R"({"oneOf": [{"type": "integer"}, {"type": "number"}]})", "oneOf: alternatives 0 and 1 both take \"0\""},
+      {R"({"properties": {"x": {"oneOf": [{"type": "boolean"}, {"enum": ["a", "b"]}, {"type": "string"}]}}})",
+       "properties.x.oneOf: alternatives 1 and 2 both take \"\\\"a\\\"\""},
+      {R"({"oneOf": [{}, {"type": "null"}]})", "both take \"null\""}};
   for (const auto& [schema, want] : cases) {
     try {
       json_schema_regex(nlohmann::ordered_json::parse(schema));
