@@ -360,9 +360,16 @@ void TokenConstraint::mask_row(float* logits, int64_t vocab, const int64_t* outp
   } else if (a.by_id) {
     keep_only(a.items);
   } else {
-    std::vector<int32_t> ids;
-    for (int32_t k : a.items) append_tokens(k, &ids);
-    keep_only(ids);
+    // The allowed spellings' tokens straight from tokens_of_, with no list of ids built.
+    std::vector<float> kept;
+    for (int32_t k : a.items)
+      for (uint32_t t = spelling_tokens_[k]; t < spelling_tokens_[k + 1]; ++t)
+        kept.push_back(tokens_of_[t] < vocab ? logits[tokens_of_[t]] : kBanned);
+    std::fill(logits, logits + vocab, kBanned);
+    size_t i = 0;
+    for (int32_t k : a.items)
+      for (uint32_t t = spelling_tokens_[k]; t < spelling_tokens_[k + 1]; ++t, ++i)
+        if (tokens_of_[t] < vocab) logits[tokens_of_[t]] = kept[i];
   }
   for (int64_t id : vocabulary_->eos_ids)
     if (id >= 0 && id < vocab) logits[id] = kBanned;
