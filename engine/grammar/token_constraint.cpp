@@ -12,6 +12,36 @@
 #include <utility>
 
 namespace kvpipe {
+namespace {
+
+// Sorts `items` (indices of distinct `texts` alike in their first `depth` bytes) by their
+// texts, most significant byte first: a constraint's spellings are tens of thousands of
+// short strings over a few dozen classes, where each comparison of a comparison sort would
+// read their shared prefixes again.
+void sort_texts(const std::vector<std::string_view>& texts, int32_t* items, size_t n, size_t depth, size_t alphabet,
+                int32_t* scratch) {
+  if (n < 48) {
+    std::sort(items, items + n,
+              [&](int32_t a, int32_t b) { return texts[a].substr(depth) < texts[b].substr(depth); });
+    return;
+  }
+  auto key = [&](int32_t x) {
+    const std::string_view t = texts[x];
+    return depth < t.size() ? 1 + static_cast<size_t>(static_cast<uint8_t>(t[depth])) : 0;
+  };
+  std::vector<size_t> start(alphabet + 2, 0);
+  for (size_t i = 0; i < n; ++i) ++start[key(items[i]) + 1];
+  for (size_t b = 0; b <= alphabet; ++b) start[b + 1] += start[b];
+  std::vector<size_t> fill(start.begin(), start.end() - 1);
+  for (size_t i = 0; i < n; ++i) scratch[fill[key(items[i])]++] = items[i];
+  std::copy(scratch, scratch + n, items);
+  // Bucket 0 holds the one text that ends here (they are distinct), already in place.
+  for (size_t b = 1; b <= alphabet; ++b)
+    if (start[b + 1] - start[b] > 1)
+      sort_texts(texts, items + start[b], start[b + 1] - start[b], depth + 1, alphabet, scratch);
+}
+
+}  // namespace
 
 void TokenVocabulary::index() {
   sorted.clear();
@@ -105,7 +135,8 @@ void TokenConstraint::index_spellings() {
   }
   std::vector<int32_t> order(distinct.size());
   for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int32_t>(k);
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return distinct[a] < distinct[b]; });
+  std::vector<int32_t> scratch(order.size());
+  sort_texts(distinct, order.data(), order.size(), 0, static_cast<size_t>(dfa_->num_classes()), scratch.data());
   std::vector<int32_t> rank(distinct.size());
   for (size_t k = 0; k < order.size(); ++k) rank[order[k]] = static_cast<int32_t>(k);
   spellings_.clear();
@@ -141,8 +172,12 @@ void TokenConstraint::index_spellings() {
   for (size_t id = 0; id < v.bytes.size(); ++id)
     if (v.bytes[id].empty()) unspelled_.push_back(static_cast<int32_t>(id));
   longest_spelling_ = 0;
-  for (size_t k = 0; k + 1 < spelling_offset_.size(); ++k)
+  starting_with_.assign(static_cast<size_t>(dfa_->num_classes()), 0);
+  for (size_t k = 0; k + 1 < spelling_offset_.size(); ++k) {
     longest_spelling_ = std::max<size_t>(longest_spelling_, spelling_offset_[k + 1] - spelling_offset_[k]);
+    ++starting_with_[static_cast<uint8_t>(spellings_[spelling_offset_[k]])];
+  }
+  run_indexes_.clear();
 }
 
 TokenConstraint::~TokenConstraint() {
@@ -193,8 +228,154 @@ std::vector<int32_t> TokenConstraint::walk_vocabulary(int32_t state, bool first,
   return out;
 }
 
+const TokenConstraint::RunIndex* TokenConstraint::run_index(int32_t state) const {
+  const size_t classes = static_cast<size_t>(dfa_->num_classes());
+  const int32_t* row = dfa_->transitions() + static_cast<size_t>(state) * classes;
+  std::vector<int32_t> targets(row, row + classes);
+  std::sort(targets.begin(), targets.end());
+  int32_t target = RegexDfa::kDead;
+  size_t most = 0;
+  for (size_t i = 0; i < targets.size();) {
+    size_t j = i;
+    while (j < targets.size() && targets[j] == targets[i]) ++j;
+    if (targets[i] != RegexDfa::kDead && j - i > most) {
+      most = j - i;
+      target = targets[i];
+    }
+    i = j;
+  }
+  if (most < 2) return nullptr;
+  std::string key(classes, '\0');
+  size_t starting = 0;
+  for (size_t c = 0; c < classes; ++c)
+    if (row[c] == target) {
+      key[c] = 1;
+      starting += static_cast<size_t>(starting_with_[c]);
+    }
+  const size_t count = spelling_shared_.size();
+  if (count == 0 || 2 * starting < count) return nullptr;
+  const auto found = run_indexes_.find(key);
+  if (found != run_indexes_.end()) return &found->second;
+  RunIndex index;
+  for (size_t c = 0; c < classes; ++c)
+    if (key[c]) index.group.push_back(static_cast<int32_t>(c));
+  index.only.resize(longest_spelling_ + 1);
+  // Each spelling's run from the one before: where that one left the group inside the
+  // classes the two share, so does this one; otherwise its run goes on from what they share.
+  size_t before = 0;
+  for (size_t k = 0; k < count; ++k) {
+    const char* c = spellings_.data() + spelling_offset_[k];
+    const size_t len = spelling_offset_[k + 1] - spelling_offset_[k];
+    const size_t shared = static_cast<size_t>(spelling_shared_[k]);
+    size_t run = before;
+    if (k == 0 || before >= shared) {
+      run = k == 0 ? 0 : shared;
+      while (run < len && key[static_cast<uint8_t>(c[run])]) ++run;
+    }
+    if (run == len) {
+      index.only[len].push_back(static_cast<int32_t>(k));
+    } else {
+      index.mixed.push_back(static_cast<int32_t>(k));
+      index.run.push_back(static_cast<uint32_t>(run));
+    }
+    before = run;
+  }
+  index.only_tokens.assign(index.only.size(), 0);
+  for (size_t len = 0; len < index.only.size(); ++len) {
+    index.only[len].shrink_to_fit();
+    for (int32_t k : index.only[len]) index.only_tokens[len] += spelling_tokens_[k + 1] - spelling_tokens_[k];
+  }
+  if (stats_) {
+    const int64_t bytes = static_cast<int64_t>(count * sizeof(int32_t) + index.mixed.size() * sizeof(uint32_t) +
+                                               index.only.size() * sizeof(std::vector<int32_t>) + key.size());
+    cache_bytes_ += bytes;
+    stats_->add_cached(bytes, 0);
+  }
+  return &run_indexes_.emplace(std::move(key), std::move(index)).first->second;
+}
+
+bool TokenConstraint::walk_runs(int32_t state, int64_t room, SpellingSet* out) const {
+  const RunIndex* found = run_index(state);
+  if (found == nullptr) return false;
+  const RunIndex& index = *found;
+  const int32_t* table = dfa_->transitions();
+  const int32_t* distance = dfa_->distances();
+  const size_t classes = static_cast<size_t>(dfa_->num_classes());
+  // chain[d]: the state after any d classes of the group, known up to `known` (where the
+  // group's classes part ways, or the chain dies, or the longest spelling ends).
+  std::vector<int32_t> chain(longest_spelling_ + 1, RegexDfa::kDead);
+  chain[0] = state;
+  size_t known = 0;
+  while (known < longest_spelling_) {
+    const size_t base = static_cast<size_t>(chain[known]) * classes;
+    const int32_t next = table[base + static_cast<size_t>(index.group[0])];
+    bool same = true;
+    for (int32_t c : index.group)
+      if (table[base + static_cast<size_t>(c)] != next) {
+        same = false;
+        break;
+      }
+    if (!same) break;
+    chain[++known] = next;
+    if (next == RegexDfa::kDead) break;
+  }
+  // A chain that parts ways at once leaves the walk of nearly every spelling to do alone.
+  if (known < 2 && known < longest_spelling_ && chain[known] != RegexDfa::kDead) return false;
+  const size_t count = spelling_shared_.size();
+  std::vector<uint64_t>& bits = out->bits;
+  bits.assign((count + 63) / 64, 0);
+  int32_t farthest = 0;
+  size_t tokens = 0;
+  const char* flat = spellings_.data();
+  // The rest of spelling k from its class `from`, where it is in state `at`.
+  auto finish = [&](int32_t k, size_t from, int32_t at) {
+    const char* c = flat + spelling_offset_[k];
+    const size_t len = spelling_offset_[k + 1] - spelling_offset_[k];
+    for (size_t j = from; j < len && at != RegexDfa::kDead; ++j)
+      at = table[static_cast<size_t>(at) * classes + static_cast<uint8_t>(c[j])];
+    if (at == RegexDfa::kDead || (room >= 0 && distance[at] > room)) return;
+    bits[static_cast<size_t>(k) >> 6] |= uint64_t{1} << (k & 63);
+    tokens += spelling_tokens_[k + 1] - spelling_tokens_[k];
+    farthest = std::max(farthest, distance[at]);
+  };
+  for (size_t len = 1; len < index.only.size(); ++len) {
+    const std::vector<int32_t>& list = index.only[len];
+    if (list.empty()) continue;
+    if (len <= known) {
+      const int32_t end = chain[len];
+      if (end == RegexDfa::kDead || (room >= 0 && distance[end] > room)) continue;
+      farthest = std::max(farthest, distance[end]);
+      tokens += index.only_tokens[len];
+      for (int32_t k : list) bits[static_cast<size_t>(k) >> 6] |= uint64_t{1} << (k & 63);
+    } else if (chain[known] != RegexDfa::kDead) {
+      for (int32_t k : list) finish(k, known, chain[known]);
+    }
+  }
+  for (size_t i = 0; i < index.mixed.size(); ++i) {
+    const size_t from = std::min<size_t>(index.run[i], known);
+    if (chain[from] != RegexDfa::kDead) finish(index.mixed[i], from, chain[from]);
+  }
+  out->tokens = tokens;
+  out->farthest = farthest;
+  return true;
+}
+
+std::vector<int32_t> TokenConstraint::SpellingSet::list(bool in, size_t count) const {
+  std::vector<int32_t> out;
+  for (size_t w = 0; w < bits.size(); ++w) {
+    uint64_t x = in ? bits[w] : ~bits[w];
+    if (!in && w + 1 == bits.size() && count % 64 != 0) x &= (uint64_t{1} << (count % 64)) - 1;
+    for (; x != 0; x &= x - 1) out.push_back(static_cast<int32_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(x))));
+  }
+  return out;
+}
+
 std::vector<int32_t> TokenConstraint::walk_spellings(int32_t state, int64_t room, int32_t* max_end_distance) const {
   std::vector<int32_t> out;
+  if (SpellingSet set; walk_runs(state, room, &set)) {
+    *max_end_distance = set.farthest;
+    return set.list(true, spelling_shared_.size());
+  }
   int32_t farthest = 0;
   // states[j] is the state after the first j classes of the previous spelling, valid up to
   // `alive` classes (where it left the language, or its length).
@@ -258,6 +439,11 @@ const TokenConstraint::Allowed& TokenConstraint::allowed(int32_t state, bool fir
     a.items.clear();
     for (size_t id = 0; id < vocab; ++id)
       if ((in[id] != 0) != a.rejected) a.items.push_back(static_cast<int32_t>(id));
+  } else if (SpellingSet set; walk_runs(state, -1, &set)) {
+    // Straight from the walk's set of spellings, in whichever form holds fewer.
+    a.max_end_distance = set.farthest;
+    a.rejected = set.tokens > vocab / 2;
+    a.items = set.list(!a.rejected, spelling_shared_.size());
   } else {
     a.items = walk_spellings(state, -1, &a.max_end_distance);
     size_t tokens = 0;
@@ -328,7 +514,8 @@ void TokenConstraint::mask_row(float* logits, int64_t vocab, const int64_t* outp
   const bool binding = tokens_left >= 0 && a.max_end_distance > room;
   std::vector<int32_t> finishing;
   if (binding) {
-    if (a.rejected) {
+    // Many spellings go faster by a walk of them all (which shares their prefixes) than alone.
+    if (a.rejected || (!a.by_id && a.items.size() > 64)) {
       finishing = walk_vocabulary(state, first, room);
     } else if (a.by_id) {
       std::string scratch;

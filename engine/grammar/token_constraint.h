@@ -124,6 +124,35 @@ class TokenConstraint {
   // The same as spellings, in ascending order (not for the first token of a SentencePiece
   // output, whose spellings differ).
   std::vector<int32_t> walk_spellings(int32_t state, int64_t room, int32_t* max_end_distance) const;
+
+  // Spellings by how many of their first classes are in a group of classes that a state
+  // sends all to one state (the characters of a string, say). From such a state a run of the
+  // group goes down one chain of states, whichever classes it is made of, so the spellings
+  // of the group alone are settled by their length and the others from where their run
+  // ends: a state inside a string, where most of the vocabulary stays alive, costs a pass
+  // over lengths and a walk of the few spellings that leave the group, not a walk of all.
+  struct RunIndex {
+    std::vector<int32_t> group;              // its classes
+    std::vector<std::vector<int32_t>> only;  // [length] -> the spellings of the group alone
+    std::vector<int32_t> mixed;              // the others
+    std::vector<uint32_t> run;               // how many of each one's first classes are in the group
+    std::vector<size_t> only_tokens;         // [length] -> the tokens of those spellings
+  };
+  // Spellings a walk keeps, as bits by spelling, with their tokens and the most bytes to a
+  // match after one of them.
+  struct SpellingSet {
+    std::vector<uint64_t> bits;
+    size_t tokens = 0;
+    int32_t farthest = 0;
+    // The spellings in it (or, `in` false, the others among `count`), ascending.
+    std::vector<int32_t> list(bool in, size_t count) const;
+  };
+  // The index of the largest group of classes `state` sends to one live state, where most
+  // spellings start in it (nullptr elsewhere: a walk leaves the others at once).
+  const RunIndex* run_index(int32_t state) const;
+  // walk_spellings through the run index of `state`; false (and nothing walked) where it has
+  // none, or where the group's chain of states parts ways too soon for it to pay.
+  bool walk_runs(int32_t state, int64_t room, SpellingSet* out) const;
   // Appends the tokens of spelling `k` to `out`.
   void append_tokens(int32_t k, std::vector<int32_t>* out) const {
     out->insert(out->end(), tokens_of_.begin() + spelling_tokens_[k], tokens_of_.begin() + spelling_tokens_[k + 1]);
@@ -146,6 +175,8 @@ class TokenConstraint {
   std::vector<int32_t> tokens_of_;
   std::vector<int32_t> unspelled_;  // the tokens that write nothing (special tokens)
   size_t longest_spelling_ = 0;
+  std::vector<int32_t> starting_with_;  // [class] -> how many spellings start with it
+  mutable std::unordered_map<std::string, RunIndex> run_indexes_;  // by group (a byte per class)
 
   std::shared_ptr<const RegexDfa> dfa_;
   std::shared_ptr<const TokenVocabulary> vocabulary_;

@@ -186,7 +186,10 @@ TEST(TokenConstraint, MasksEqualAWalkOfEveryTokenAlone) {
   v->eos_ids = {0};
   v->index();
   const int64_t vocab = static_cast<int64_t>(v->bytes.size());
-  for (const char* pattern : {"[ab]{2,5}1?", "\\{\"a\": [0-9]+\\}", "(ab|ba)*\"[^\"]{0,4}\"", "\u00e9a|b+"}) {
+  // The strings' patterns send most first bytes down one chain of states (counted, looping,
+  // or parting ways after a few bytes), which the masks take a shorter way through.
+  for (const char* pattern : {"[ab]{2,5}1?", "\\{\"a\": [0-9]+\\}", "(ab|ba)*\"[^\"]{0,4}\"", "\u00e9a|b+",
+                              "\"[^\"]*\"", "[^\"]{0,2}(a[^\"]|b1)[^\"]*\"\\}?"}) {
     const RegexDfa dfa(pattern);
     const TokenConstraint c(std::make_shared<const RegexDfa>(pattern), v);
     // Outputs along a few paths: every single token that keeps the text alive, then one more.
@@ -199,6 +202,17 @@ TEST(TokenConstraint, MasksEqualAWalkOfEveryTokenAlone) {
       for (int64_t id = 1; id < vocab; ++id)
         ASSERT_EQ(got[id], dfa.walk(state, v->bytes[id]) != RegexDfa::kDead) << pattern << " token " << id;
       ASSERT_EQ(got[0], dfa.accepting(state)) << pattern;
+      // Two tokens left: those that end at most a byte from a match, where any does.
+      const std::vector<bool> near = allowed_after(c, out, vocab, 3);
+      std::vector<bool> finishing(vocab, false);
+      bool any = dfa.accepting(state);
+      for (int64_t id = 1; id < vocab; ++id) {
+        const int32_t end = dfa.walk(state, v->bytes[id]);
+        finishing[id] = end != RegexDfa::kDead && dfa.distance(end) <= 1;
+        any = any || finishing[id];
+      }
+      for (int64_t id = 1; id < vocab; ++id)
+        ASSERT_EQ(near[id], any ? finishing[id] : got[id]) << pattern << " token " << id << " near the end";
     }
   }
 }
