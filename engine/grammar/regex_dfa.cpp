@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <bitset>
 #include <cctype>
-#include <deque>
 #include <set>
 #include <stdexcept>
 #include <unordered_map>
@@ -433,13 +432,19 @@ struct Nfa {
   // a byte edge, and `final_node`; sorted. Leaving out the nodes with empty edges alone makes
   // closures that differ only in them one state, not several.
   std::vector<int> closure(const std::vector<int>& nodes, int final_node) {
+    std::vector<int> out;
+    closure(nodes, final_node, &out);
+    return out;
+  }
+  void closure(const std::vector<int>& nodes, int final_node, std::vector<int>* found) {
     if (seen_.size() != on.size()) seen_.assign(on.size(), 0);
     if (++generation_ == 0) {  // the stamps wrapped around: start them again
       std::fill(seen_.begin(), seen_.end(), 0);
       generation_ = 1;
     }
     stack_.assign(nodes.begin(), nodes.end());
-    std::vector<int> out;
+    std::vector<int>& out = *found;
+    out.clear();
     while (!stack_.empty()) {
       const int x = stack_.back();
       stack_.pop_back();
@@ -449,7 +454,6 @@ struct Nfa {
       for (int y : eps[x]) stack_.push_back(y);
     }
     std::sort(out.begin(), out.end());
-    return out;
   }
 
  private:
@@ -466,6 +470,57 @@ struct NodeSetHash {
   }
 };
 
+// The DFA's states as sets of NFA nodes, in one pool, found again through an open-addressing
+// table of their hashes: tens of thousands of sets, which a map of vectors would allocate and
+// copy one by one.
+class NodeSets {
+ public:
+  size_t size() const { return begin_.size() - 1; }
+  const int* begin(size_t i) const { return pool_.data() + begin_[i]; }
+  const int* end(size_t i) const { return pool_.data() + begin_[i + 1]; }
+
+  // The id of `set`, added where it is new; -1 (nothing added) where `limit` sets exist.
+  int32_t find_or_add(const std::vector<int>& set, int32_t limit) {
+    const size_t h = NodeSetHash()(set);
+    size_t slot = slot_of(h);
+    for (; slots_[slot] >= 0; slot = (slot + 1) & (slots_.size() - 1)) {
+      const int32_t id = slots_[slot];
+      if (hash_[id] == h && static_cast<size_t>(end(id) - begin(id)) == set.size() &&
+          std::equal(set.begin(), set.end(), begin(id)))
+        return id;
+    }
+    if (static_cast<int32_t>(size()) >= limit) return -1;
+    const int32_t id = static_cast<int32_t>(size());
+    pool_.insert(pool_.end(), set.begin(), set.end());
+    begin_.push_back(static_cast<uint32_t>(pool_.size()));
+    hash_.push_back(h);
+    slots_[slot] = id;
+    if (2 * size() > slots_.size()) grow();
+    return id;
+  }
+
+ private:
+  // The hash's bits mixed (a multiply and shifts) before its low bits pick a slot.
+  size_t slot_of(size_t h) const {
+    uint64_t x = static_cast<uint64_t>(h);
+    x = (x ^ (x >> 31)) * 0x7fb5d329728ea185ull;
+    return static_cast<size_t>(x ^ (x >> 27)) & (slots_.size() - 1);
+  }
+  void grow() {
+    slots_.assign(slots_.size() * 2, -1);
+    for (size_t id = 0; id < size(); ++id) {
+      size_t slot = slot_of(hash_[id]);
+      while (slots_[slot] >= 0) slot = (slot + 1) & (slots_.size() - 1);
+      slots_[slot] = static_cast<int32_t>(id);
+    }
+  }
+
+  std::vector<int> pool_;
+  std::vector<uint32_t> begin_ = {0};
+  std::vector<size_t> hash_;
+  std::vector<int32_t> slots_ = std::vector<int32_t>(1024, -1);
+};
+
 }  // namespace
 
 RegexDfa::RegexDfa(const std::string& pattern, int32_t max_states) {
@@ -474,16 +529,24 @@ RegexDfa::RegexDfa(const std::string& pattern, int32_t max_states) {
   const auto [in, final_node] = nfa.emit(root);
 
   // Bytes that every byte edge treats alike share one class: the DFA is built per class.
+  // The distinct sets of the byte edges first: a pattern's thousands of edges take a few
+  // dozen sets (the classes are numbered by their smallest byte, whatever the sets' order).
   std::vector<int> byte_class(256, 0);
   int classes = 1;
-  std::set<std::string> distinct;
+  std::unordered_map<ByteSet, int> set_index;
+  std::vector<const ByteSet*> distinct;
+  std::vector<int> set_of(nfa.on.size(), -1);
   for (size_t n = 0; n < nfa.on.size(); ++n)
-    if (nfa.to[n] >= 0) distinct.insert(nfa.on[n].to_string());
-  for (const std::string& bits : distinct) {  // bits[255 - b] is byte b
+    if (nfa.to[n] >= 0) {
+      const auto [it, added] = set_index.emplace(nfa.on[n], static_cast<int>(distinct.size()));
+      if (added) distinct.push_back(&it->first);
+      set_of[n] = it->second;
+    }
+  for (const ByteSet* bits : distinct) {
     std::vector<int> renumber(static_cast<size_t>(classes) * 2, -1);
     int next = 0;
     for (int b = 0; b < 256; ++b) {
-      int& slot = renumber[static_cast<size_t>(byte_class[b]) * 2 + (bits[255 - b] == '1')];
+      int& slot = renumber[static_cast<size_t>(byte_class[b]) * 2 + ((*bits)[b] ? 1 : 0)];
       if (slot < 0) slot = next++;
       byte_class[b] = slot;
     }
@@ -493,105 +556,104 @@ RegexDfa::RegexDfa(const std::string& pattern, int32_t max_states) {
   for (int b = 0; b < 256; ++b)
     if (representative[byte_class[b]] < 0) representative[byte_class[b]] = b;
 
-  std::unordered_map<std::vector<int>, int32_t, NodeSetHash> ids;
-  std::vector<std::vector<int>> sets;
+  NodeSets sets;
   std::vector<std::vector<int32_t>> moves;  // [state][class]
-  auto id_of = [&](std::vector<int> set) {
-    const auto it = ids.find(set);
-    if (it != ids.end()) return it->second;
-    if (static_cast<int32_t>(sets.size()) >= max_states)
+  auto id_of = [&](const std::vector<int>& set) {
+    const int32_t id = sets.find_or_add(set, max_states);
+    if (id < 0)
       throw std::invalid_argument("the regular expression is too complex (more than " + std::to_string(max_states) +
                                   " automaton states)");
-    const int32_t id = static_cast<int32_t>(sets.size());
-    ids.emplace(set, id);
-    sets.push_back(std::move(set));
     return id;
   };
-  // The byte classes each byte edge takes.
-  std::vector<std::vector<int>> edge_classes(nfa.on.size());
-  for (size_t n = 0; n < nfa.on.size(); ++n)
-    if (nfa.to[n] >= 0)
-      for (int c = 0; c < classes; ++c)
-        if (nfa.on[n][representative[c]]) edge_classes[n].push_back(c);
+  // The byte classes each distinct set of a byte edge takes.
+  std::vector<std::vector<int>> set_classes(distinct.size());
+  for (size_t i = 0; i < distinct.size(); ++i)
+    for (int c = 0; c < classes; ++c)
+      if ((*distinct[i])[representative[c]]) set_classes[i].push_back(c);
   id_of(nfa.closure({in}, final_node));
   std::vector<std::vector<int>> targets(classes);
+  std::vector<int> found;
   for (size_t s = 0; s < sets.size(); ++s) {
     for (std::vector<int>& t : targets) t.clear();
-    for (int n : sets[s])
-      if (nfa.to[n] >= 0)
-        for (int c : edge_classes[n]) targets[c].push_back(nfa.to[n]);
+    for (const int* node = sets.begin(s); node != sets.end(s); ++node)
+      if (const int n = *node; nfa.to[n] >= 0)
+        for (int c : set_classes[set_of[n]]) targets[c].push_back(nfa.to[n]);
+    // Classes whose byte edges lead to the same nodes (the characters of a string, mostly)
+    // share one closure: a state has a few distinct sets of targets among its classes.
     std::vector<int32_t> row(classes, kDead);
-    for (int c = 0; c < classes; ++c)
-      if (!targets[c].empty()) row[c] = id_of(nfa.closure(targets[c], final_node));
+    std::vector<size_t> hashes(classes, 0);
+    for (int c = 0; c < classes; ++c) {
+      if (targets[c].empty()) continue;
+      hashes[c] = NodeSetHash()(targets[c]);
+      int same = -1;
+      for (int d = 0; d < c && same < 0; ++d)
+        if (hashes[d] == hashes[c] && !targets[d].empty() && targets[d] == targets[c]) same = d;
+      if (same >= 0) {
+        row[c] = row[same];
+      } else {
+        nfa.closure(targets[c], final_node, &found);
+        row[c] = id_of(found);
+      }
+    }
     moves.push_back(std::move(row));
   }
 
-  // Keep the states from which a match can still be reached; the others become kDead.
+  // Breadth first from the matches over the transitions backwards: a state it reaches can
+  // still reach a match, and at the fewest bytes it took; the others become kDead.
   const size_t total = sets.size();
-  std::vector<std::vector<int32_t>> back(total);
-  std::vector<char> live(total, 0);
-  std::deque<int32_t> queue;
-  for (size_t s = 0; s < total; ++s) {
+  std::vector<uint32_t> back_start(total + 1, 0);
+  for (size_t s = 0; s < total; ++s)
     for (int32_t t : moves[s])
-      if (t >= 0) back[t].push_back(static_cast<int32_t>(s));
-    if (std::binary_search(sets[s].begin(), sets[s].end(), final_node)) {
-      live[s] = 1;
-      queue.push_back(static_cast<int32_t>(s));
-    }
+      if (t >= 0) ++back_start[static_cast<size_t>(t) + 1];
+  for (size_t s = 0; s < total; ++s) back_start[s + 1] += back_start[s];
+  std::vector<int32_t> back(back_start[total]);
+  {
+    std::vector<uint32_t> fill(back_start.begin(), back_start.end() - 1);
+    for (size_t s = 0; s < total; ++s)
+      for (int32_t t : moves[s])
+        if (t >= 0) back[fill[t]++] = static_cast<int32_t>(s);
   }
-  while (!queue.empty()) {
-    const int32_t t = queue.front();
-    queue.pop_front();
-    for (int32_t s : back[t])
-      if (!live[s]) {
-        live[s] = 1;
-        queue.push_back(s);
+  std::vector<char> accepting(total, 0);
+  std::vector<int32_t> dist(total, -1);
+  std::vector<int32_t> frontier;
+  frontier.reserve(total);
+  for (size_t s = 0; s < total; ++s)
+    if (std::binary_search(sets.begin(s), sets.end(s), final_node)) {
+      accepting[s] = 1;
+      dist[s] = 0;
+      frontier.push_back(static_cast<int32_t>(s));
+    }
+  for (size_t i = 0; i < frontier.size(); ++i) {
+    const int32_t t = frontier[i];
+    for (uint32_t e = back_start[t]; e < back_start[t + 1]; ++e)
+      if (dist[back[e]] < 0) {
+        dist[back[e]] = dist[t] + 1;
+        frontier.push_back(back[e]);
       }
   }
-  if (!live[0]) throw std::invalid_argument("the regular expression matches nothing");
+  if (dist[0] < 0) throw std::invalid_argument("the regular expression matches nothing");
   std::vector<int32_t> renumbered(total, kDead);
   int32_t kept = 0;
   for (size_t s = 0; s < total; ++s)
-    if (live[s]) renumbered[s] = kept++;
+    if (dist[s] >= 0) renumbered[s] = kept++;
   classes_ = classes;
   for (int b = 0; b < 256; ++b) byte_class_[b] = static_cast<uint8_t>(byte_class[b]);
   table_.assign(static_cast<size_t>(kept) * classes, kDead);
   accepting_.assign(kept, 0);
   continues_.assign(kept, 0);
+  distance_.assign(kept, -1);
   for (size_t s = 0; s < total; ++s) {
     const int32_t r = renumbered[s];
     if (r < 0) continue;
-    accepting_[r] = std::binary_search(sets[s].begin(), sets[s].end(), final_node) ? 1 : 0;
+    accepting_[r] = accepting[s];
+    distance_[r] = dist[s];
+    max_distance_ = std::max(max_distance_, dist[s]);
     for (int c = 0; c < classes; ++c) {
       const int32_t t = moves[s][c];
       const int32_t to = t < 0 ? kDead : renumbered[t];
       table_[static_cast<size_t>(r) * classes + c] = to;
       if (to >= 0) continues_[r] = 1;
     }
-  }
-  // Breadth first from the matches, over the transitions backwards.
-  std::vector<std::vector<int32_t>> into(kept);
-  for (int32_t r = 0; r < kept; ++r)
-    for (int c = 0; c < classes; ++c) {
-      const int32_t t = table_[static_cast<size_t>(r) * classes + c];
-      if (t >= 0 && (into[t].empty() || into[t].back() != r)) into[t].push_back(r);
-    }
-  distance_.assign(kept, -1);
-  std::deque<int32_t> frontier;
-  for (int32_t r = 0; r < kept; ++r)
-    if (accepting_[r]) {
-      distance_[r] = 0;
-      frontier.push_back(r);
-    }
-  while (!frontier.empty()) {
-    const int32_t t = frontier.front();
-    frontier.pop_front();
-    for (int32_t r : into[t])
-      if (distance_[r] < 0) {
-        distance_[r] = distance_[t] + 1;
-        max_distance_ = std::max(max_distance_, distance_[r]);
-        frontier.push_back(r);
-      }
   }
 }
 
