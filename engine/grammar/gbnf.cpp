@@ -17,7 +17,6 @@ constexpr size_t kMaxGrammar = size_t{1} << 20;    // bytes of grammar text
 constexpr int kMaxRepeat = 1000;                   // {m,n}: RegexDfa's own cap
 constexpr int kMaxParens = 100;                    // ( ) nested in the grammar
 constexpr int kMaxQuantifiers = 16;                // quantifiers in a row on one item
-constexpr uint64_t kMaxClassChars = 4096;          // characters outside ASCII a class may list
 constexpr size_t kMaxPattern = size_t{256} << 10;  // bytes of pattern
 constexpr int kMaxGroups = 256;                    // groups nested in the pattern
 constexpr int kMaxCallDepth = 2000;                // expansion recursion
@@ -488,36 +487,25 @@ class Parser {
     return class_pattern(normalized(std::move(members)), negated, open);
   }
 
-  // The pattern of a class: exact, or (a negated class that leaves out characters outside
-  // ASCII, too many to list) its ASCII characters alone.
+  // The pattern of a class, exact: the characters it takes as ranges of a pattern class.
   std::string class_pattern(const std::vector<Range>& members, bool negated, size_t open) const {
     const std::vector<Range> taken = negated ? complement(members, 0, kMaxCodePoint) : members;
+    if (taken.empty()) fail_at(open, "a character class that takes no character");
     const std::vector<Range> ascii = clipped(taken, 0, 0x7F);
     const std::vector<Range> others = clipped(taken, 0x80, kMaxCodePoint);
     const uint64_t all_others =
         uint64_t{kMaxCodePoint} - 0x80 + 1 - (kSurrogateHi - kSurrogateLo + 1);
-    const uint64_t n_others = count(others);
-    if (n_others == all_others) {
+    if (count(others) == all_others) {
       // Every character outside ASCII: RegexDfa's negated class of ASCII members.
       const std::vector<Range> left_out = complement(ascii, 0, 0x7F);
       return left_out.empty() ? "(.|\\n)" : "[^" + ascii_members(left_out) + "]";
     }
-    if (n_others <= kMaxClassChars) {
-      if (ascii.empty() && others.empty())
-        fail_at(open, "a character class that takes no character");
-      std::string out = "[" + ascii_members(ascii);
-      for (const Range& r : others)
-        for (uint32_t cp = r.lo; cp <= r.hi; ++cp) out += text::codepoint_to_utf8(cp);
-      return out + "]";
+    std::string out = "[" + ascii_members(ascii);
+    for (const Range& r : others) {
+      out += text::codepoint_to_utf8(r.lo);
+      if (r.hi != r.lo) out += "-" + text::codepoint_to_utf8(r.hi);
     }
-    if (negated && !ascii.empty()) return "[" + ascii_members(ascii) + "]";
-    fail_at(
-        open,
-        negated
-            ? "a negated character class that takes no ASCII character and leaves out some others "
-              "(not expressible)"
-            : "a character class of more than " + std::to_string(kMaxClassChars) +
-                  " characters outside ASCII that does not take all of them (not expressible)");
+    return out + "]";
   }
 
   const std::string& g_;

@@ -23,16 +23,13 @@
 // the alternatives that need it once more are dropped (an optional part that needs it becomes
 // empty). With max_depth 3, `root ::= "(" root ")" | "x"` matches x, (x), ((x)) and not
 // (((x))). Characters outside ASCII are exact
-// in literals and in classes that list at most 4096 of them or take all of them; a negated class
-// that leaves out some characters outside ASCII (and takes more than 4096 of them) takes only its
-// ASCII characters, a subset, as RegexDfa's own negated classes do.
+// in literals and in classes, negated or not (a class becomes RegexDfa's ranges of characters).
 //
 // Refused with std::invalid_argument, one line naming the place ("line 2, column 7: undefined
 // rule 'value'"): syntax errors (unterminated strings, classes and groups, unknown escapes,
 // a quantifier with nothing to repeat or counts above 1000), a rule defined twice (llama.cpp
 // keeps the last), "no rule 'root'", a rule reachable from root whose every expansion needs itself
-// again ("rule 'x' recurses without an end"), classes outside ASCII that RegexDfa cannot express
-// (wider than 4096 characters without taking them all), empty classes, parentheses nested deeper
+// again ("rule 'x' recurses without an end"), classes that take no character, parentheses nested deeper
 // than 100, llama.cpp's token syntax (<[id]>, <name>, !<...>), and a grammar whose pattern would
 // exceed 256 KB or nest groups deeper than 256 once unrolled ("the grammar is too large once its
 // recursion is unrolled to depth 3"). RegexDfa itself then caps the automaton's states.

@@ -72,6 +72,45 @@ Node multibyte_char() {
                    bytes_node({{0xF4, 0xF4}, {0x80, 0x8F}, {0x80, 0xBF}, {0x80, 0xBF}})});
 }
 
+// The UTF-8 encodings of the characters in [lo, hi] (0x80 <= lo <= hi <= 0x10FFFF) as
+// sequences of byte ranges, appended to `out`: split where the encoded length changes, and
+// where the range does not take whole blocks of continuation bytes, until each piece is a
+// product of byte ranges (how RE2 and Rust's regex-syntax compile a class). The surrogates
+// (which no UTF-8 text holds) are left out.
+void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<Node>* out) {
+  if (lo > hi) return;
+  if (lo <= 0xDFFF && hi >= 0xD800) {
+    if (lo < 0xD800) utf8_sequences(lo, 0xD7FF, out);
+    if (hi > 0xDFFF) utf8_sequences(0xE000, hi, out);
+    return;
+  }
+  for (uint32_t top : {0x7FFu, 0xFFFFu})
+    if (lo <= top && hi > top) {
+      utf8_sequences(lo, top, out);
+      utf8_sequences(top + 1, hi, out);
+      return;
+    }
+  for (int i = 1; i < 4; ++i) {
+    const uint32_t low_bits = (1u << (6 * i)) - 1;
+    if ((lo & ~low_bits) == (hi & ~low_bits)) continue;
+    if ((lo & low_bits) != 0) {
+      utf8_sequences(lo, lo | low_bits, out);
+      utf8_sequences((lo | low_bits) + 1, hi, out);
+      return;
+    }
+    if ((hi & low_bits) != low_bits) {
+      utf8_sequences(lo, (hi & ~low_bits) - 1, out);
+      utf8_sequences(hi & ~low_bits, hi, out);
+      return;
+    }
+  }
+  const std::string a = text::codepoint_to_utf8(lo), b = text::codepoint_to_utf8(hi);
+  std::vector<Node> kids;
+  for (size_t k = 0; k < a.size(); ++k)
+    kids.push_back(set_node(byte_range(static_cast<uint8_t>(a[k]), static_cast<uint8_t>(b[k]))));
+  out->push_back(seq_node(std::move(kids)));
+}
+
 Node literal(const std::string& bytes) {
   std::vector<Node> kids;
   for (unsigned char c : bytes) {
@@ -261,7 +300,7 @@ class Parser {
       ++i_;
     }
     ByteSet ascii;
-    std::vector<uint32_t> others;
+    std::vector<std::pair<uint32_t, uint32_t>> others;  // ranges of characters outside ASCII
     bool class_escape = false;  // \d \w \s or their negations among the members
     bool first = true;
     for (;;) {
@@ -293,23 +332,34 @@ class Parser {
           hi = read_char();
         }
         if (hi < lo) fail("a range whose end is below its start");
-        if (hi >= 0x80) fail("a range of characters outside ASCII");
       }
-      if (hi < 0x80) ascii |= byte_range(static_cast<int>(lo), static_cast<int>(hi));
-      else others.push_back(lo);
+      if (hi > 0x10FFFF) fail("a character beyond U+10FFFF");
+      if (lo < 0x80)
+        ascii |= byte_range(static_cast<int>(lo), static_cast<int>(std::min<uint32_t>(hi, 0x7F)));
+      if (hi >= 0x80) others.emplace_back(std::max<uint32_t>(lo, 0x80), hi);
     }
-    // A negated class of ASCII members takes every other character, as in Python. With a
-    // class escape among them it stands for the ASCII characters outside it alone: Python's
-    // \d \w \s also take characters outside ASCII, which this automaton cannot tell apart,
-    // so the ASCII part is the subset on which both agree.
+    // A negated class takes every other character, as in Python. With a class escape among
+    // its members it stands for the ASCII characters outside it alone: Python's \d \w \s
+    // also take characters outside ASCII, which this automaton cannot tell apart, so the
+    // ASCII part is the subset on which both agree.
     if (negated) {
-      if (class_escape || !others.empty()) return set_node(kAscii & ~ascii);
-      return alt_node({set_node(kAscii & ~ascii), multibyte_char()});
+      if (class_escape) return set_node(kAscii & ~ascii);
+      if (others.empty()) return alt_node({set_node(kAscii & ~ascii), multibyte_char()});
+      std::sort(others.begin(), others.end());
+      std::vector<std::pair<uint32_t, uint32_t>> left;
+      uint32_t next = 0x80;
+      for (const auto& [lo, hi] : others) {
+        if (lo > next) left.emplace_back(next, lo - 1);
+        next = std::max(next, hi + 1);
+      }
+      if (next <= 0x10FFFF) left.emplace_back(next, 0x10FFFF);
+      others = std::move(left);
+      ascii = kAscii & ~ascii;
     }
     std::vector<Node> alts;
     if (ascii.any()) alts.push_back(set_node(ascii));
-    for (uint32_t cp : others) alts.push_back(literal(text::codepoint_to_utf8(cp)));
-    if (alts.empty()) fail("an empty class");
+    for (const auto& [lo, hi] : others) utf8_sequences(lo, hi, &alts);
+    if (alts.empty()) fail(negated ? "a negated class that takes no character" : "an empty class");
     return alt_node(std::move(alts));
   }
 

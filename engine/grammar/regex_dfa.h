@@ -7,9 +7,8 @@
 // byte. The syntax is the subset structured outputs use, with Python's `re` meaning, matched
 // as re.fullmatch: literal characters (UTF-8) and escapes (\n \t \r \f \v \xHH \uHHHH, \. and
 // every other escaped punctuation), the classes \d \w \s \D \W \S, `.` (any character but a
-// newline), [...] and [^...] (ranges of ASCII characters; other characters as members; a
-// negated class takes every character outside it, only its ASCII ones where it holds a
-// class escape or a character outside ASCII),
+// newline), [...] and [^...] (ranges of any characters; a negated class takes every
+// character outside it, only its ASCII ones where it holds a class escape),
 // groups (...), (?:...) and (?P<name>...), alternation |, quantifiers * + ? {n} {n,} {n,m}
 // (also lazy: the language is the same), ^ at the start and $ at the end. Guarantees: every
 // string the automaton accepts is one Python's re.fullmatch accepts (\d, \w and \s and their

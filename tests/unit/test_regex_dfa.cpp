@@ -4,6 +4,7 @@
 #include "engine/grammar/json_schema.h"
 #include "engine/grammar/regex_dfa.h"
 #include "engine/grammar/token_constraint.h"
+#include "engine/text/unicode_text.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -50,6 +51,12 @@ TEST(RegexDfa, MatchesAsPythonsFullmatch) {
       {"a.c", {"abc", "a\xe2\x82\xac" "c"}, {"a\nc", "ac"}},
       {"\\.\\*\\+\\?", {".*+?"}, {"a*+?"}},
       {"x{a}", {"x{a}"}, {"xa"}},  // not a repetition: literal braces, as in Python
+      {"[a-é]+", {"a", "z\xc3\xa9", "\xc2\x80"}, {"\xc3\xaa", "`"}},
+      {"[^aé]", {"b", "\xc3\xa8", "\xf0\x9f\x98\x80", "\n"}, {"a", "\xc3\xa9"}},
+      {"[\u00ff-\u0801]", {"\xc3\xbf", "\xc4\x80", "\xdf\xbf", "\xe0\xa0\x80", "\xe0\xa0\x81"},
+       {"\xc3\xbe", "\xe0\xa0\x82"}},
+      {"[\xf0\x9f\x98\x80-\xf0\x9f\x99\x8f]", {"\xf0\x9f\x98\x80", "\xf0\x9f\x98\xbf", "\xf0\x9f\x99\x8f"},
+       {"\xf0\x9f\x99\x90", "\xf0\x9f\x97\xbf"}},
   };
   for (const MatchCase& c : cases) {
     const RegexDfa dfa(c.pattern);
@@ -78,12 +85,36 @@ TEST(RegexDfa, EveryStateCanStillReachAMatch) {
   }
 }
 
+// A class's ranges of characters outside ASCII take each character between their ends
+// (those whose UTF-8 encodings differ in length, in their lead byte or in a continuation
+// byte alike) and no other, and never the surrogates.
+TEST(RegexDfa, RangesOfAnyCharactersTakeExactlyTheirCharacters) {
+  const std::vector<std::pair<uint32_t, uint32_t>> ranges = {
+      {0x41, 0xE9},       {0xC1, 0x7FF},       {0x7C0, 0x803},     {0x3041, 0x3F0A}, {0xD700, 0xE0FF},
+      {0xFFC0, 0x10041},  {0x1F600, 0x1F64F},  {0x10000, 0x10FFFF}, {0x9FFF, 0x9FFF}, {0x80, 0x10FFFF}};
+  for (const auto& [lo, hi] : ranges) {
+    const std::string pattern = "[" + text::codepoint_to_utf8(lo) + "-" + text::codepoint_to_utf8(hi) + "]";
+    const RegexDfa dfa(pattern);
+    std::vector<uint32_t> probes;
+    for (uint32_t at : {lo, hi, 0x7Fu, 0x7FFu, 0xFFFFu, 0x10000u, 0xD7FFu, 0xE000u, 0x10FFFFu})
+      for (uint32_t d = 0; d < 130; ++d) {
+        if (at >= d) probes.push_back(at - d);
+        probes.push_back(at + d);
+      }
+    for (uint32_t cp : probes) {
+      if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) continue;
+      ASSERT_EQ(dfa.full_match(text::codepoint_to_utf8(cp)), cp >= lo && cp <= hi) << std::hex << lo << "-" << hi << " " << cp;
+    }
+    EXPECT_FALSE(dfa.full_match("\xed\xa0\x80")) << pattern;  // a surrogate's encoding
+  }
+}
+
 TEST(RegexDfa, RefusesWhatItDoesNotSupportByName) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"(a", "unterminated ("},       {"a)", "unmatched ')'"},          {"[ab", "unterminated ["},
       {"(?=a)", "lookaround"},        {"(?i)a", "inline flags"},        {"\\1", "\\1"},
       {"\\bword", "\\b"},             {"*a", "nothing to repeat"},      {"a{3,1}", "m < n"},
-      {"a{5000}", "above 1000"},      {"[z-a]", "below its start"},     {"[a-é]", "outside ASCII"},
+      {"a{5000}", "above 1000"},      {"[z-a]", "below its start"},     {"[\xf4\x90\x80\x80]", "beyond U+10FFFF"},
       {"a^b", "anchor"},              {"[^\\x00-\\x7f\\d]", "matches nothing"}, {"a++", "possessive"},
       {"\xff", "UTF-8"},              {"(a{1000}){1000}", "too complex"}, {"a{2}{3}", "multiple repeat"},
       {"a**", "multiple repeat"}};
