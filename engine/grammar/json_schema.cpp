@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -19,6 +20,9 @@ constexpr int kFreeDepth = 3;
 // A recursive $ref nests inside itself at most this many times.
 constexpr int kRefDepth = 3;
 constexpr size_t kMaxPattern = size_t{512} << 10;
+// Numbers have at most 16 digits before the point; bounds stay where a double is exact.
+constexpr int64_t kMaxWhole = 9999999999999999;
+constexpr double kMaxBound = 1e15;
 
 // Thrown where a schema would need a recursive $ref once more than kRefDepth allows: a
 // place that can do without it (an optional property, an array that may be empty, another
@@ -82,6 +86,39 @@ std::string dumps(const json& value) {
   return value.dump();
 }
 
+// Every digit string of the length of `lo` and `hi` between them (lo <= hi, leading zeros
+// taken): digit by digit, the first digit's range whole where the rest may be anything.
+std::string fixed_between(const std::string& lo, const std::string& hi) {
+  const size_t n = lo.size();
+  if (lo == hi) return lo;
+  auto digits = [](char a, char b) { return a == b ? std::string(1, a) : std::string("[") + a + "-" + b + "]"; };
+  const std::string any = n > 1 ? "[0-9]{" + std::to_string(n - 1) + "}" : "";
+  if (lo[0] == hi[0]) return lo.substr(0, 1) + "(" + fixed_between(lo.substr(1), hi.substr(1)) + ")";
+  const bool lo_whole = lo.find_first_not_of('0', 1) == std::string::npos;
+  const bool hi_whole = hi.find_first_not_of('9', 1) == std::string::npos;
+  std::vector<std::string> alts;
+  const char first = lo_whole ? lo[0] : static_cast<char>(lo[0] + 1);
+  const char last = hi_whole ? hi[0] : static_cast<char>(hi[0] - 1);
+  if (!lo_whole) alts.push_back(lo.substr(0, 1) + "(" + fixed_between(lo.substr(1), std::string(n - 1, '9')) + ")");
+  if (first <= last) alts.push_back(digits(first, last) + any);
+  if (!hi_whole) alts.push_back(hi.substr(0, 1) + "(" + fixed_between(std::string(n - 1, '0'), hi.substr(1)) + ")");
+  return group(alts);
+}
+
+// The whole numbers in [lo, hi] (0 <= lo <= hi) as JSON writes them: by number of digits.
+std::string whole_between(int64_t lo, int64_t hi) {
+  std::vector<std::string> alts;
+  int64_t low_of_length = 0, top_of_length = 9;  // the numbers of one length of digits
+  for (int length = 1; low_of_length <= hi; ++length) {
+    const int64_t a = std::max(lo, low_of_length), b = std::min(hi, top_of_length);
+    if (a <= b) alts.push_back(fixed_between(std::to_string(a), std::to_string(b)));
+    low_of_length = top_of_length + 1;
+    if (length == 18) break;
+    top_of_length = top_of_length * 10 + 9;
+  }
+  return group(alts);
+}
+
 std::string repeat(const std::string& item, int64_t lo, int64_t hi) {
   return "(" + item + "){" + std::to_string(lo) + "," + (hi < 0 ? "" : std::to_string(hi)) + "}";
 }
@@ -129,7 +166,8 @@ class Compiler {
           "type", "properties", "required", "additionalProperties", "enum", "const", "items", "minItems",
           "maxItems", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "minLength", "maxLength",
           "pattern", "format", "title", "description", "default", "examples", "$schema", "$id", "$comment",
-          "deprecated", "readOnly", "writeOnly", "discriminator", "strict"};
+          "deprecated", "readOnly", "writeOnly", "discriminator", "strict", "minimum", "maximum",
+          "exclusiveMinimum", "exclusiveMaximum"};
       if (!known.count(key)) fail(join(at, key), "is not supported");
     }
     if (s.contains("$ref")) return ref(s, at);
@@ -204,11 +242,99 @@ class Compiler {
     return v.get<int64_t>();
   }
 
+  // A number's bounds: the tighter of minimum and exclusiveMinimum (a number, or draft 4's
+  // boolean beside minimum), and the same above.
+  struct Bounds {
+    std::optional<double> lo, hi;
+    bool lo_open = false, hi_open = false;
+    std::string lo_key, hi_key;  // the keywords that set them
+  };
+  static Bounds bounds(const json& s, const std::string& at) {
+    Bounds b;
+    auto bound = [&](const char* key) -> std::optional<double> {
+      if (!s.contains(key) || s[key].is_boolean()) return std::nullopt;
+      const json& v = s[key];
+      if (!v.is_number()) fail(join(at, key), "must be a number");
+      const double x = v.get<double>();
+      if (!(std::fabs(x) <= kMaxBound)) fail(join(at, key), "must be within 10^15 of 0");
+      return x;
+    };
+    auto open = [&](const char* key) { return s.contains(key) && s[key].is_boolean() && s[key].get<bool>(); };
+    auto tighter = [](std::optional<double>* at_most, bool* open_now, std::string* key_now, std::optional<double> x,
+                      bool open_x, const char* key, bool lower) {
+      if (!x) return;
+      const bool better = !*at_most || (lower ? *x > **at_most : *x < **at_most) || (*x == **at_most && open_x);
+      if (!better) return;
+      *at_most = x;
+      *open_now = open_x;
+      *key_now = key;
+    };
+    tighter(&b.lo, &b.lo_open, &b.lo_key, bound("minimum"), open("exclusiveMinimum"), "minimum", true);
+    tighter(&b.lo, &b.lo_open, &b.lo_key, bound("exclusiveMinimum"), true, "exclusiveMinimum", true);
+    tighter(&b.hi, &b.hi_open, &b.hi_key, bound("maximum"), open("exclusiveMaximum"), "maximum", false);
+    tighter(&b.hi, &b.hi_open, &b.hi_key, bound("exclusiveMaximum"), true, "exclusiveMaximum", false);
+    return b;
+  }
+
+  static std::string integer(const json& s, const std::string& at) {
+    const Bounds b = bounds(s, at);
+    if (!b.lo && !b.hi) return kInteger;
+    const int64_t lo = b.lo ? static_cast<int64_t>(b.lo_open ? std::floor(*b.lo) + 1 : std::ceil(*b.lo)) : -kMaxWhole;
+    const int64_t hi = b.hi ? static_cast<int64_t>(b.hi_open ? std::ceil(*b.hi) - 1 : std::floor(*b.hi)) : kMaxWhole;
+    if (lo > hi) fail(join(at, b.hi ? b.hi_key : b.lo_key), "leaves no integer");
+    std::vector<std::string> alts;
+    if (hi >= 0) alts.push_back(whole_between(std::max<int64_t>(lo, 0), hi));
+    if (lo < 0) alts.push_back("-" + whole_between(std::max<int64_t>(-hi, 1), -lo));
+    return group(alts);
+  }
+
+  // Bounded numbers are written without an exponent: the whole part bounded as integers are,
+  // and the fraction where the whole part meets a bound.
+  static std::string number(const json& s, const std::string& at) {
+    const Bounds b = bounds(s, at);
+    if (!b.lo && !b.hi) return kNumber;
+    for (const auto& [x, key] : {std::make_pair(b.lo, b.lo_key), std::make_pair(b.hi, b.hi_key)})
+      if (x && *x != std::floor(*x)) fail(join(at, key), "is supported on numbers as a whole number only");
+    if (b.lo && b.hi && (*b.lo > *b.hi || (*b.lo == *b.hi && (b.lo_open || b.hi_open))))
+      fail(join(at, b.hi_key), "leaves no number");
+    std::vector<std::string> alts;
+    // The values >= 0 from [a, b], and those below 0 as "-" and their size.
+    if (!b.hi || *b.hi > 0 || !b.hi_open) {
+      const bool below_zero = !b.lo || *b.lo < 0;
+      const std::string part = non_negative(below_zero ? 0 : static_cast<int64_t>(*b.lo), !below_zero && b.lo_open,
+                                            b.hi ? std::optional<int64_t>(static_cast<int64_t>(*b.hi)) : std::nullopt,
+                                            b.hi_open);
+      if (!part.empty()) alts.push_back(part);
+    }
+    if (!b.lo || *b.lo < 0) {
+      const bool above_zero = !b.hi || *b.hi >= 0;  // then the size only has to exceed 0
+      const std::string part =
+          non_negative(above_zero ? 0 : static_cast<int64_t>(-*b.hi), above_zero || b.hi_open,
+                       b.lo ? std::optional<int64_t>(static_cast<int64_t>(-*b.lo)) : std::nullopt, b.lo_open);
+      if (!part.empty()) alts.push_back("-" + part);
+    }
+    if (alts.empty()) fail(join(at, b.hi ? b.hi_key : b.lo_key), "leaves no number");
+    return group(alts);
+  }
+
+  // The numbers from a to b (whole, 0 <= a; no b: up to 16 digits), either end left out where
+  // open; "" where there are none.
+  static std::string non_negative(int64_t a, bool a_open, std::optional<int64_t> b, bool b_open) {
+    const std::string any = "(\\.[0-9]{1,16})?", zero = "(\\.0{1,16})?", above = "\\.0{0,8}[1-9][0-9]{0,7}";
+    if (b && a > *b) return "";
+    if (b && a == *b) return a_open || b_open ? "" : std::to_string(a) + zero;
+    std::vector<std::string> alts = {std::to_string(a) + (a_open ? above : any)};
+    const int64_t top = b ? *b - 1 : kMaxWhole;
+    if (a + 1 <= top) alts.push_back(whole_between(a + 1, top) + any);
+    if (b && !b_open) alts.push_back(std::to_string(*b) + zero);
+    return group(alts);
+  }
+
   std::string of_type(const std::string& type, const json& s, const std::string& at) {
     if (type == "null") return kNull;
     if (type == "boolean") return kBoolean;
-    if (type == "integer") return kInteger;
-    if (type == "number") return kNumber;
+    if (type == "integer") return integer(s, at);
+    if (type == "number") return number(s, at);
     if (type == "string") return string(s, at);
     if (type == "array") return array(s, at);
     if (type == "object") return object(s, at);

@@ -13,7 +13,9 @@
 // two of them take some text, the schema is refused naming it), `allOf` of one schema, `$ref`
 // to `#/$defs/...` or `#/definitions/...`, strings' `minLength`,
 // `maxLength`, `pattern` (RegexDfa's subset, matching the whole string) and `format`
-// (date, time, date-time, uuid); annotations (title, description, default, examples,
+// (date, time, date-time, uuid); integers' and numbers' `minimum`, `maximum`,
+// `exclusiveMinimum`, `exclusiveMaximum` (a number, or draft 4's boolean; on numbers, whole
+// bounds only, and bounded numbers are written without an exponent); annotations (title, description, default, examples,
 // $schema, $id, $comment, deprecated, readOnly, writeOnly, discriminator) change nothing.
 // Values a schema leaves free are JSON of bounded depth (3 levels of nesting) with strings
 // (and keys) of at most 32 printable ASCII characters; numbers have at most 16 digits. A
@@ -22,7 +24,7 @@
 // are left out, so every answer is valid and the deepest ones are cut short; a schema that
 // cannot end that way ("next" required all the way down) is refused as recursing without an
 // end. Anything else is std::invalid_argument naming the keyword and its place
-// ("properties.age.minimum: is not supported").
+// ("properties.age.multipleOf: is not supported").
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>

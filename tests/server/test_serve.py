@@ -283,7 +283,7 @@ class OneRankServer(ServedTestCase):
             (C, {"prompt": "hi", "guided_grammar": "root ::= \"a"}, 400, "guided_grammar"),
             (C, {"prompt": "hi", "grammar": "root ::= <[13]>"}, 400, "grammar"),
             (C, {"prompt": "hi", "stop_token_ids": [2]}, 400, "stop_token_ids"),
-            (C, {"prompt": "hi", "guided_json": {"type": "integer", "minimum": 1}}, 400, "guided_json"),
+            (C, {"prompt": "hi", "guided_json": {"type": "integer", "multipleOf": 2}}, 400, "guided_json"),
             (C, {"prompt": "hi", "response_format": {"type": "xml"}}, 400, "response_format"),
             (H, {"messages": user, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {},
                                                                                            "extra": 1}}},

@@ -35,7 +35,8 @@ class Pet(pydantic.BaseModel):
 
 class Owner(pydantic.BaseModel):
     name: str = pydantic.Field(max_length=16)
-    age: int
+    age: int = pydantic.Field(ge=0, le=130)
+    rating: float = pydantic.Field(gt=0, lt=5)
     pets: List[Pet] = pydantic.Field(max_length=2)
     nickname: Optional[str] = pydantic.Field(max_length=10)
     verified: bool
@@ -132,7 +133,7 @@ class StructuredOutputs(ServedTestCase):
 
     def test_what_cannot_be_constrained_is_refused_by_keyword(self):
         cases = [
-            ({"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer", "minimum": 3}}}, "minimum"),
+            ({"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer", "multipleOf": 3}}}, "multipleOf"),
             ({"type": "json_schema", "json_schema": {"name": "n", "schema": {
                 "$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}, "required": ["next"]}},
                 "$ref": "#/$defs/N"}}},

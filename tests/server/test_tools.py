@@ -165,7 +165,7 @@ class ToolCalls(ServedTestCase):
             ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice"),
             ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
             ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-                "type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}}}], "tool_choice": "required"},
+                "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}}}}], "tool_choice": "required"},
              "tools[0].function.parameters"),
             ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
             ({"messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function": {

@@ -12,6 +12,7 @@
 #include <chrono>
 
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -352,6 +353,66 @@ TEST(JsonSchemaRegex, OneOfOfAlternativesThatExcludeEachOther) {
   EXPECT_FALSE(dfa.full_match(R"({"kind": "c", "n": 5})"));
 }
 
+// The numbers a bounded integer or number takes: each text below matches exactly where its
+// value is inside the bounds (a float64 check), bar "-0", which is never written.
+TEST(JsonSchemaRegex, NumberBoundsTakeTheValuesInsideThem) {
+  struct Case {
+    const char* schema;
+    double lo, hi;  // +-inf: none
+    bool lo_open, hi_open;
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<Case> integers = {
+      {R"({"type": "integer", "minimum": -37, "maximum": 1050})", -37, 1050, false, false},
+      {R"({"type": "integer", "exclusiveMinimum": -37, "exclusiveMaximum": 1050})", -37, 1050, true, true},
+      {R"({"type": "integer", "minimum": 0})", 0, inf, false, false},
+      {R"({"type": "integer", "minimum": 18, "maximum": 130})", 18, 130, false, false},
+      {R"({"type": "integer", "maximum": -5})", -inf, -5, false, false},
+      {R"({"type": "integer", "minimum": 2.5, "exclusiveMaximum": 199.5})", 2.5, 199.5, false, true},
+      {R"({"type": "integer", "minimum": 7, "exclusiveMinimum": 9, "maximum": 7000})", 9, 7000, true, false},
+      {R"({"type": "integer", "minimum": 7, "exclusiveMinimum": true, "maximum": 70})", 7, 70, true, false},
+      {R"({"type": "integer", "minimum": 1, "maximum": 1})", 1, 1, false, false}};
+  auto inside = [](const Case& c, double x) {
+    return (c.lo_open ? x > c.lo : x >= c.lo) && (c.hi_open ? x < c.hi : x <= c.hi);
+  };
+  for (const Case& c : integers) {
+    const RegexDfa dfa(json_schema_regex(nlohmann::ordered_json::parse(c.schema)));
+    for (int64_t n = -1200; n <= 12000; n += (n < 1200 ? 1 : 7)) {
+      const std::string text = std::to_string(n);
+      ASSERT_EQ(dfa.full_match(text), inside(c, static_cast<double>(n))) << c.schema << " " << text;
+    }
+    for (const char* text : {"99999999", "-99999999", "1.0", "01", "-0"})
+      EXPECT_EQ(dfa.full_match(text), std::string(text) == "99999999" ? inside(c, 99999999.0)
+                                       : std::string(text) == "-99999999" ? inside(c, -99999999.0)
+                                                                         : false)
+          << c.schema << " " << text;
+  }
+  const std::vector<Case> numbers = {
+      {R"({"type": "number", "minimum": 0, "maximum": 1})", 0, 1, false, false},
+      {R"({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1})", 0, 1, true, true},
+      {R"({"type": "number", "minimum": -3, "exclusiveMaximum": 12})", -3, 12, false, true},
+      {R"({"type": "number", "exclusiveMinimum": -12, "maximum": -2})", -12, -2, true, false},
+      {R"({"type": "number", "minimum": 5})", 5, inf, false, false},
+      {R"({"type": "number", "exclusiveMaximum": 0})", -inf, 0, false, true},
+      {R"({"type": ["number", "null"], "minimum": 2, "maximum": 2})", 2, 2, false, false}};
+  for (const Case& c : numbers) {
+    const RegexDfa dfa(json_schema_regex(nlohmann::ordered_json::parse(c.schema)));
+    for (int whole = -15; whole <= 15; ++whole)
+      for (const char* fraction : {"", ".0", ".00", ".5", ".05", ".001", ".999", ".10"})
+        for (const char* sign : {"", "-"}) {
+          if (whole < 0 && *sign) continue;
+          const std::string text = sign + std::to_string(whole) + fraction;
+          const double value = std::stod(text);
+          if (value == 0 && text[0] == '-') {
+            EXPECT_FALSE(dfa.full_match(text)) << c.schema << " " << text;
+            continue;
+          }
+          ASSERT_EQ(dfa.full_match(text), inside(c, value)) << c.schema << " " << text;
+        }
+    EXPECT_FALSE(dfa.full_match("1e0")) << c.schema;  // bounded numbers take no exponent
+  }
+}
+
 TEST(RegexDfa, CommonMatchIsAShortestTextOfBoth) {
   std::string text;
   EXPECT_EQ(common_match(RegexDfa("a+b|c"), RegexDfa("[ab]{3}"), 1000, &text), Overlap::kSome);
@@ -364,8 +425,12 @@ TEST(RegexDfa, CommonMatchIsAShortestTextOfBoth) {
 
 TEST(JsonSchemaRegex, RefusesWhatItDoesNotSupportByKeywordAndPlace) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {R"({"type": "integer", "minimum": 3})", "minimum: is not supported"},
-      {R"({"properties": {"age": {"type": "integer", "maximum": 9}}})", "properties.age.maximum"},
+      {R"({"type": "integer", "multipleOf": 3})", "multipleOf: is not supported"},
+      {R"({"properties": {"age": {"type": "integer", "maximum": "9"}}})", "properties.age.maximum: must be a number"},
+      {R"({"type": "integer", "minimum": 5, "exclusiveMaximum": 5})", "exclusiveMaximum: leaves no integer"},
+      {R"({"type": "number", "minimum": 0.5})", "minimum: is supported on numbers as a whole number only"},
+      {R"({"type": "number", "exclusiveMinimum": 2, "maximum": 2})", "maximum: leaves no number"},
+      {R"({"type": "integer", "maximum": 1e16})", "maximum: must be within"},
       {R"({"$defs": {"N": {"properties": {"next": {"$ref": "#/$defs/N"}}, "required": ["next"]}}, "$ref": "#/$defs/N"})",
        "$ref: recurses without an end"},
       {R"({"$defs": {"L": {"type": "array", "items": {"$ref": "#/$defs/L"}, "minItems": 1}}, "$ref": "#/$defs/L"})",
