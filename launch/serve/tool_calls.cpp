@@ -16,6 +16,8 @@ using ojson = nlohmann::ordered_json;
 const std::string kHermesOpen = "<tool_call>";
 const std::string kHermesClose = "</tool_call>";
 const std::string kMistralMarker = "[TOOL_CALLS]";
+const std::string kMistralArgs = "[ARGS]";       // v11+: between a call's name and arguments
+const std::string kMistralCallId = "[CALL_ID]";  // v13: an id the model writes before [ARGS]
 const std::string kPythonTag = "<|python_tag|>";
 
 const ojson* member(const ojson& o, const char* key) {
@@ -133,9 +135,34 @@ bool calls_in(const std::string& text, ToolChoice::Kind kind, ToolCallSyntax syn
       *trailing = text.substr(at);
       return !calls->empty();
     }
-    case ToolCallSyntax::kMistral:
+    case ToolCallSyntax::kMistral: {
       if (text.compare(0, kMistralMarker.size(), kMistralMarker) != 0) return false;
-      return add_list(parse_or_discard(text.substr(kMistralMarker.size())));
+      const size_t first = skip_space(text, kMistralMarker.size());
+      if (first < text.size() && (text[first] == '[' || text[first] == '{'))
+        return add_list(parse_or_discard(text.substr(kMistralMarker.size())));  // v3: a JSON list
+      // v11+: [TOOL_CALLS]name[ARGS]{...} per call (v13: name[CALL_ID]id[ARGS]{...}).
+      size_t at = 0;
+      while (text.compare(at, kMistralMarker.size(), kMistralMarker) == 0) {
+        const size_t name_at = at + kMistralMarker.size();
+        const size_t args_at = text.find(kMistralArgs, name_at);
+        if (args_at == std::string::npos) return false;
+        std::string name = text.substr(name_at, args_at - name_at);
+        if (const size_t id = name.find(kMistralCallId); id != std::string::npos) name.resize(id);
+        while (!name.empty() && is_space(name.back())) name.pop_back();
+        name.erase(0, skip_space(name, 0));
+        const size_t body = skip_space(text, args_at + kMistralArgs.size());
+        if (body >= text.size() || text[body] != '{') return false;
+        const size_t end = json_value_end(text, body);
+        if (end == std::string::npos) return false;
+        const ojson args = parse_or_discard(text.substr(body, end - body));
+        ToolCall c;
+        if (!args.is_object() || !call_of(ojson{{"name", name}, {"arguments", args}}, names, &c)) return false;
+        calls->push_back(c);
+        at = skip_space(text, end);
+      }
+      *trailing = text.substr(at);
+      return !calls->empty();
+    }
     case ToolCallSyntax::kLlama3Json: {
       size_t at = skip_space(text, 0);
       if (text.compare(at, kPythonTag.size(), kPythonTag) == 0) at += kPythonTag.size();
@@ -207,7 +234,7 @@ bool template_renders_tools(const std::string& source) { return source.find("too
 bool is_tool_call_marker(ToolCallSyntax syntax, const std::string& piece) {
   switch (syntax) {
     case ToolCallSyntax::kHermes: return piece == kHermesOpen || piece == kHermesClose;
-    case ToolCallSyntax::kMistral: return piece == kMistralMarker;
+    case ToolCallSyntax::kMistral: return piece == kMistralMarker || piece == kMistralArgs || piece == kMistralCallId;
     case ToolCallSyntax::kLlama3Json: return piece == kPythonTag;
     case ToolCallSyntax::kNone: break;
   }

@@ -9,7 +9,9 @@
 //                (Hermes, Qwen2/2.5, SmolLM3 and other ChatML templates);
 //   llama3_json  {"name": ..., "parameters": {...}}, optionally after <|python_tag|>,
 //                several separated by ';' (Llama 3.1/3.2/3.3);
-//   mistral      [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] (Mistral v0.3).
+//   mistral      [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] (Mistral v0.3, Nemo),
+//                or [TOOL_CALLS]name[ARGS]{...} per call (tokenizer v11+: Mistral Small
+//                3.1+, Devstral; v13's name[CALL_ID]id[ARGS]{...}, whose id is not kept).
 // Guarantees: a call comes out only when its text parses as JSON naming one of the
 // request's functions with an object of arguments; anything else stays content, as the
 // model wrote it (vLLM's parsers do the same); `finish_reason` becomes "tool_calls" only on
@@ -95,7 +97,7 @@ class ToolCallStream {
     std::vector<ToolCallDelta> calls;
   };
   // More generated text; `marker` is the piece of a special token that tool-call syntaxes
-  // use ([TOOL_CALLS], <|python_tag|>), which the text leaves out.
+  // use ([TOOL_CALLS], [ARGS], <|python_tag|>), which the text leaves out.
   Update push(const std::string& text, const std::string& marker = "");
   // The choice ended with `finish_reason`: what was held back, read as calls if it parses.
   Update finish(const std::string& finish_reason);

@@ -144,6 +144,51 @@ TEST(ToolCalls, ReadsMistralCalls) {
   EXPECT_EQ(end.calls[0].arguments, "{}");
 }
 
+// Mistral's tokenizer v11+ (Mistral Small 3.1+, Devstral) writes each call as
+// [TOOL_CALLS]name[ARGS]{...}; v13 puts [CALL_ID]id before [ARGS].
+TEST(ToolCalls, ReadsMistralV11Calls) {
+  const std::string out =
+      "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Rome\", \"unit\": \"celsius\"}"
+      "[TOOL_CALLS]get_time[CALL_ID]a1B2c3D4e[ARGS]{}";
+  for (size_t step : {size_t{1}, size_t{7}, out.size()}) {
+    const Read r = read(auto_choice(ToolCallSyntax::kMistral), out, step);
+    ASSERT_EQ(r.stream.calls().size(), 2u) << step;
+    EXPECT_EQ(r.stream.calls()[0].name, "get_weather");
+    EXPECT_EQ(r.stream.calls()[0].arguments, "{\"city\":\"Rome\",\"unit\":\"celsius\"}");
+    EXPECT_EQ(r.stream.calls()[1].name, "get_time");
+    EXPECT_EQ(r.stream.calls()[1].arguments, "{}");
+    EXPECT_EQ(r.content, "");
+    EXPECT_EQ(r.finish_reason, "tool_calls");
+  }
+  // The markers as special tokens (no text of their own), after some prose.
+  EXPECT_TRUE(is_tool_call_marker(ToolCallSyntax::kMistral, "[ARGS]"));
+  EXPECT_TRUE(is_tool_call_marker(ToolCallSyntax::kMistral, "[CALL_ID]"));
+  ToolCallStream s(auto_choice(ToolCallSyntax::kMistral), "seed");
+  EXPECT_EQ(s.push("Checking. ").content, "Checking. ");
+  EXPECT_EQ(s.push("", "[TOOL_CALLS]").content, "");
+  EXPECT_EQ(s.push("get_time").content, "");
+  EXPECT_EQ(s.push("", "[ARGS]").content, "");
+  EXPECT_EQ(s.push("{}").content, "");
+  const ToolCallStream::Update end = s.finish("stop");
+  ASSERT_EQ(end.calls.size(), 1u);
+  EXPECT_EQ(end.calls[0].name, "get_time");
+  EXPECT_EQ(s.finish_reason("stop"), "tool_calls");
+  // A function the request lacks, arguments that are no object, or text after the calls'
+  // end that is no call: content, as written.
+  for (const std::string& bad : {std::string("[TOOL_CALLS]get_stock[ARGS]{}"),
+                                 std::string("[TOOL_CALLS]get_time[ARGS][1, 2]"),
+                                 std::string("[TOOL_CALLS]get_time[ARGS]{\"a\": "),
+                                 std::string("[TOOL_CALLS]get_time{}")}) {
+    const Read r = read(auto_choice(ToolCallSyntax::kMistral), bad, 4);
+    EXPECT_TRUE(r.stream.calls().empty()) << bad;
+    EXPECT_EQ(r.content, bad);
+    EXPECT_EQ(r.finish_reason, "stop") << bad;
+  }
+  const Read tail = read(auto_choice(ToolCallSyntax::kMistral), "[TOOL_CALLS]get_time[ARGS]{} Done.", 5);
+  ASSERT_EQ(tail.stream.calls().size(), 1u);
+  EXPECT_EQ(tail.content, "Done.");
+}
+
 TEST(ToolCalls, ParallelFalseKeepsOneCall) {
   ToolChoice c = auto_choice(ToolCallSyntax::kMistral);
   c.parallel = false;
