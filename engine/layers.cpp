@@ -40,6 +40,22 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return (xf * inv).to(x.scalar_type()) * weight;
 }
 
+ResidualAndNorm add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps) {
+  if (cpu_float_rows(x) && cpu_float_rows(delta) && x.dim() == 2 && delta.sizes() == x.sizes() &&
+      cpu_float_rows(weight) && weight.dim() == 1 && weight.size(0) == x.size(1) && x.numel() > 0) {
+    const int64_t rows = x.size(0), dim = x.size(1);
+    at::Tensor sum = at::empty({rows, dim}, x.options());
+    at::Tensor normed = at::empty({rows, dim}, x.options());
+    add_rms_norm_rows(x.data_ptr<float>(), x.stride(0), delta.data_ptr<float>(), delta.stride(0),
+                      weight.contiguous().data_ptr<float>(), rows, dim, static_cast<float>(eps), sum.data_ptr<float>(),
+                      normed.data_ptr<float>());
+    return {sum, normed};
+  }
+  at::Tensor sum = x + delta;
+  at::Tensor normed = rms_norm(sum, weight, eps);
+  return {sum, normed};
+}
+
 RopeTables make_rope_tables(int64_t max_position, int64_t head_dim, double theta,
                             at::ScalarType dtype) {
   ModelConfig plain;

@@ -17,6 +17,14 @@ namespace kvpipe {
 // x [T, hidden] -> x / rms(x) * weight.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
+// The residual stream's next value and its norm: {x + delta, rms_norm(x + delta, weight, eps)},
+// in one pass over the rows for float32 on the CPU (equal bit for bit to the two calls).
+struct ResidualAndNorm {
+  at::Tensor sum;
+  at::Tensor normed;
+};
+ResidualAndNorm add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps);
+
 // cos and sin tables [max_position, rotated dims] for RoPE in the rotate-half layout,
 // computed in float64 (and multiplied by RoPE's attention factor, as transformers does for
 // yarn) and stored as `dtype`.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <utility>
 
 namespace kvpipe {
 
@@ -167,20 +168,33 @@ at::Tensor ModelShard::recompute_attention_block(const at::Tensor& x, int64_t lo
 at::Tensor ModelShard::forward(at::Tensor hidden, const StepBatch& batch, const StepContext& ctx,
                                BlockPool& pool) const {
   const double eps = weights_.config.rms_eps;
-  for (int64_t l = 0; l < weights_.layers.size(); ++l) {
+  const int64_t count = weights_.layers.size();
+  // Each residual add is fused with the norm that reads its result (the post-attention norm,
+  // the next layer's input norm); `x` carries a norm computed ahead into the next layer.
+  at::Tensor x;
+  for (int64_t l = 0; l < count; ++l) {
     const LayerWeights& w = weights_.layer[l];
     const int64_t layer = weights_.layers.begin + l;
     const bool cached = layer >= first_cached_layer_;
-    const at::Tensor x = rms_norm(hidden, w.input_norm, eps);
+    if (!x.defined()) x = rms_norm(hidden, w.input_norm, eps);
     at::Tensor attn = cached ? attention_block(x, l, batch, ctx, pool) : recompute_attention_block(x, l, batch, ctx);
     if (w.attn_out_norm.defined()) attn = rms_norm(attn, w.attn_out_norm, eps);
-    hidden = hidden + attn;
-    const at::Tensor gate_up = w.gate_up.matmul(rms_norm(hidden, w.post_norm, eps));
+    ResidualAndNorm post = add_rms_norm(hidden, attn, w.post_norm, eps);
+    hidden = std::move(post.sum);
+    const at::Tensor gate_up = w.gate_up.matmul(post.normed);
     at::Tensor mlp = reduced(w.down.matmul(weights_.config.gelu_tanh ? geglu(gate_up) : swiglu(gate_up)));
     if (w.mlp_out_norm.defined()) mlp = rms_norm(mlp, w.mlp_out_norm, eps);
-    hidden = hidden + mlp;
-    // Past the last layer without K/V only the new tokens' rows are needed.
-    if (!cached && layer + 1 == first_cached_layer_) hidden = hidden.index_select(0, ctx.new_rows);
+    x = at::Tensor();
+    if (!cached && layer + 1 == first_cached_layer_) {
+      // Past the last layer without K/V only the new tokens' rows are needed.
+      hidden = (hidden + mlp).index_select(0, ctx.new_rows);
+    } else if (l + 1 < count) {
+      ResidualAndNorm next = add_rms_norm(hidden, mlp, weights_.layer[l + 1].input_norm, eps);
+      hidden = std::move(next.sum);
+      x = std::move(next.normed);
+    } else {
+      hidden = hidden + mlp;  // the stage's output: the next stage or the head norms it
+    }
   }
   return hidden;
 }

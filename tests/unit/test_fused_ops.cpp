@@ -1,7 +1,8 @@
 // The fused row kernels behind engine/layers.h on the CPU (engine/kernels/cpu/fused_ops.h)
 // against LibTorch's unfused composition of the same formulas and a float64 recompute: RMSNorm,
-// RoPE (whole and partial rotary, on strided views as the fused q/k projection hands it), SwiGLU
-// and GeGLU, at decode's one row and prefill's many (split over two threads).
+// the residual add fused with it, RoPE (whole and partial rotary, on strided views as the fused
+// q/k projection hands it), SwiGLU and GeGLU, at decode's one row and prefill's many (split
+// over two threads).
 #include "engine/kernels/cpu/thread_pool.h"
 #include "engine/layers.h"
 
@@ -52,6 +53,30 @@ TEST_P(FusedOps, RmsNormMatchesTheUnfusedCompositionAndFloat64) {
   EXPECT_LT(max_error(rms_norm(x3, w3, 1e-6), unfused_rms_norm(x3, w3, 1e-6)), 2e-5);
   const at::Tensor strided = at::randn({4, 200}).narrow(1, 10, 64);
   EXPECT_LT(max_error(rms_norm(strided, w3, 1e-6), unfused_rms_norm(strided, w3, 1e-6)), 2e-5);
+}
+
+TEST_P(FusedOps, ResidualAddAndNormEqualTheTwoStepsBitForBit) {
+  at::manual_seed(4);
+  for (const int64_t rows : {1, 3, 300}) {
+    const at::Tensor x = at::randn({rows, 576}) * 3.0, w = at::randn({576});
+    // The delta as a row-strided view, as an attention or MLP output can be.
+    const at::Tensor delta = at::randn({rows, 700}).narrow(1, 50, 576);
+    const ResidualAndNorm got = add_rms_norm(x, delta, w, 1e-5);
+    const at::Tensor sum = x + delta;
+    EXPECT_TRUE(at::equal(got.sum, sum)) << rows;
+    EXPECT_TRUE(at::equal(got.normed, rms_norm(sum, w, 1e-5))) << rows;
+    EXPECT_LT(max_error(got.normed, unfused_rms_norm(sum, w, 1e-5)), 2e-5) << rows;
+    const at::Tensor sd = x.to(at::kDouble) + delta.to(at::kDouble);
+    EXPECT_LT(max_error(got.normed, sd * at::rsqrt(sd.pow(2).mean(-1, true) + 1e-5) * w.to(at::kDouble)), 2e-5);
+    // The inputs are left as they were.
+    EXPECT_TRUE(at::equal(x + delta, sum));
+  }
+  // Other dtypes take LibTorch's composition.
+  const at::Tensor xb = at::randn({2, 64}).to(at::kBFloat16), db = at::randn({2, 64}).to(at::kBFloat16);
+  const at::Tensor wb = at::randn({64}).to(at::kBFloat16);
+  const ResidualAndNorm bf = add_rms_norm(xb, db, wb, 1e-6);
+  EXPECT_TRUE(at::equal(bf.sum, xb + db));
+  EXPECT_TRUE(at::equal(bf.normed, rms_norm(xb + db, wb, 1e-6)));
 }
 
 TEST_P(FusedOps, RopeMatchesTheUnfusedCompositionOnStridedViews) {

@@ -44,6 +44,22 @@ void rms_norm_rows(const float* x, int64_t ldx, const float* weight, int64_t row
   });
 }
 
+void add_rms_norm_rows(const float* x, int64_t ldx, const float* delta, int64_t ldd, const float* weight, int64_t rows,
+                       int64_t dim, float eps, float* sum, float* out) {
+  for_rows(rows, dim, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + r * ldx;
+      const float* dr = delta + r * ldd;
+      float* sr = sum + r * dim;
+      for (int64_t i = 0; i < dim; ++i) sr[i] = xr[i] + dr[i];
+      // The row is still in cache: its norm costs no second trip to memory.
+      const float inv = 1.0f / std::sqrt(sum_of_squares(sr, dim) / static_cast<float>(dim) + eps);
+      float* o = out + r * dim;
+      for (int64_t i = 0; i < dim; ++i) o[i] = sr[i] * inv * weight[i];
+    }
+  });
+}
+
 void rope_rows(const float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t row_stride, int64_t head_stride,
                const int64_t* positions, const float* cos, const float* sin, int64_t rotated, float* out) {
   const int64_t half = rotated / 2;

@@ -19,6 +19,13 @@ namespace kvpipe {
 void rms_norm_rows(const float* x, int64_t ldx, const float* weight, int64_t rows, int64_t dim, float eps, float* out,
                    int64_t ldo);
 
+// The residual add and the next norm in one pass: sum[r] = x[r] + delta[r], then out[r] =
+// rms_norm(sum[r]) as above, for rows r < rows of `dim` values (x, delta, sum and out rows ldx,
+// ldd, dim and dim floats apart). The sum is rounded once per value as a separate add would be,
+// so both outputs equal the unfused add followed by rms_norm_rows bit for bit.
+void add_rms_norm_rows(const float* x, int64_t ldx, const float* delta, int64_t ldd, const float* weight, int64_t rows,
+                       int64_t dim, float eps, float* sum, float* out);
+
 // RoPE in the rotate-half layout on x [rows, heads, head_dim] (rows row_stride floats apart,
 // heads head_stride apart, values contiguous): row r at positions[r] rotates its first
 // `rotated` dimensions by tables cos/sin [*, rotated] (cos and sin of position p at p *
