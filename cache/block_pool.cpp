@@ -2,8 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <stdexcept>
+#include <string>
 
 namespace kvpipe {
 namespace {
@@ -112,8 +115,93 @@ at::Tensor BlockPool::gather(int which, int64_t layer, const at::Tensor& slots) 
 at::Tensor BlockPool::gather_keys(int64_t layer, const at::Tensor& slots) const { return gather(0, layer, slots); }
 at::Tensor BlockPool::gather_values(int64_t layer, const at::Tensor& slots) const { return gather(1, layer, slots); }
 
+namespace {
+
+// Rounds as at::Tensor::to does (c10's conversions, to nearest even), so that the direct
+// write below stores what index_copy_ of the converted tensor stored.
+template <typename Stored>
+void store_rows(const float* x, int64_t row_stride, int64_t head_stride, const int64_t* slots, int64_t n,
+                int64_t heads, int64_t dim, Stored* layer_base) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* src = x + i * row_stride + h * head_stride;
+      Stored* dst = layer_base + (slots[i] * heads + h) * dim;
+      for (int64_t j = 0; j < dim; ++j) dst[j] = static_cast<Stored>(src[j]);
+    }
+}
+
+// Q8_0 per 32 values, as the tensor path below: scale = max |x| / 127 rounded to float16,
+// values = round-half-even(x / scale) clamped to [-127, 127] (0 where the scale is 0).
+void store_q8_0_rows(const float* x, int64_t row_stride, int64_t head_stride, const int64_t* slots, int64_t n,
+                     int64_t heads, int64_t dim, int8_t* layer_base, c10::Half* scale_base) {
+  const int64_t groups = dim / kQ8Group;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* src = x + i * row_stride + h * head_stride;
+      int8_t* dst = layer_base + (slots[i] * heads + h) * dim;
+      c10::Half* scales = scale_base + (slots[i] * heads + h) * groups;
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* v = src + g * kQ8Group;
+        float amax = 0.0f;
+        for (int64_t j = 0; j < kQ8Group; ++j) amax = std::max(amax, std::fabs(v[j]));
+        const c10::Half d(amax / 127.0f);
+        scales[g] = d;
+        const float df = static_cast<float>(d);
+        const float inv = df > 0 ? 1.0f / df : 0.0f;
+        for (int64_t j = 0; j < kQ8Group; ++j)
+          dst[g * kQ8Group + j] =
+              static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, std::nearbyint(v[j] * inv))));
+      }
+    }
+}
+
+}  // namespace
+
+bool BlockPool::write_on_cpu(int64_t layer, const at::Tensor& slots, const at::Tensor& k, const at::Tensor& v) {
+  // Decode writes one row per sequence and layer: the tensor path's views, conversions and
+  // index_copy_ dispatches cost more than the copy itself.
+  if (!storage_.is_cpu() || !slots.is_cpu() || slots.scalar_type() != at::kLong || slots.dim() != 1 ||
+      !slots.is_contiguous())
+    return false;
+  const int64_t n = slots.size(0), heads = shape_.num_kv_heads, dim = shape_.head_dim;
+  for (const at::Tensor* x : {&k, &v})
+    if (!x->is_cpu() || x->scalar_type() != at::kFloat || x->dim() != 3 || x->size(0) != n || x->size(1) != heads ||
+        x->size(2) != dim || x->stride(2) != 1)
+      return false;
+  if (layer < 0 || layer >= shape_.num_layers) throw std::out_of_range("KV pool: layer " + std::to_string(layer));
+  const int64_t total = num_blocks_ * shape_.block_size;
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    if (slot[i] < 0 || slot[i] >= total)
+      throw std::out_of_range("KV pool: slot " + std::to_string(slot[i]) + " outside " + std::to_string(total));
+  const int64_t layer_values = total * heads * dim;
+  const at::Tensor* inputs[2] = {&k, &v};
+  for (int which = 0; which < 2; ++which) {
+    const at::Tensor& x = *inputs[which];
+    const float* src = x.data_ptr<float>();
+    const int64_t offset = (which * shape_.num_layers + layer) * layer_values;
+    switch (shape_.dtype) {
+      case KvDtype::kFloat32:
+        store_rows(src, x.stride(0), x.stride(1), slot, n, heads, dim, storage_.data_ptr<float>() + offset);
+        break;
+      case KvDtype::kFloat16:
+        store_rows(src, x.stride(0), x.stride(1), slot, n, heads, dim, storage_.data_ptr<c10::Half>() + offset);
+        break;
+      case KvDtype::kBFloat16:
+        store_rows(src, x.stride(0), x.stride(1), slot, n, heads, dim, storage_.data_ptr<c10::BFloat16>() + offset);
+        break;
+      case KvDtype::kQ8_0:
+        store_q8_0_rows(src, x.stride(0), x.stride(1), slot, n, heads, dim, storage_.data_ptr<int8_t>() + offset,
+                        scales_.data_ptr<c10::Half>() + offset / kQ8Group);
+        break;
+    }
+  }
+  return true;
+}
+
 void BlockPool::write(int64_t layer, const at::Tensor& slots, const at::Tensor& k,
                       const at::Tensor& v) {
+  if (write_on_cpu(layer, slots, k, v)) return;
   const at::Tensor* inputs[2] = {&k, &v};
   for (int which = 0; which < 2; ++which) {
     const at::Tensor& x = *inputs[which];

@@ -93,6 +93,8 @@ class BlockPool {
   at::Tensor scales_;   // q8_0: float16 [2, layers, slots, kv_heads, head_dim / 32]
 
   at::Tensor gather(int which, int64_t layer, const at::Tensor& slots) const;
+  // write's direct path for float32 K/V and a pool on the CPU; false where it does not apply.
+  bool write_on_cpu(int64_t layer, const at::Tensor& slots, const at::Tensor& k, const at::Tensor& v);
 };
 
 }  // namespace kvpipe

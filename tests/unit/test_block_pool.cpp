@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <vector>
@@ -139,6 +140,47 @@ TEST(BlockPoolStorage, write_then_read_back_at_slots) {
   // The other layer shares the storage tensor but none of its rows.
   EXPECT_EQ(pool.keys(0).count_nonzero().item<int64_t>(), 0);
   EXPECT_EQ(pool.values(0).count_nonzero().item<int64_t>(), 0);
+}
+
+// The direct CPU write (float32 K/V with contiguous values) stores exactly what the tensor
+// path (index_copy_ of the converted or encoded rows, taken here for a strided input) stores,
+// for every stored type, on rows that are views of a wider projection output; and it refuses
+// slots outside the pool rather than writing past it.
+TEST(BlockPoolStorage, direct_write_stores_what_the_tensor_path_stores) {
+  KvShape s = small_shape(/*layers=*/3, /*block_size=*/5, /*kv_heads=*/2, /*head_dim=*/64);
+  at::manual_seed(7);
+  // Values spanning magnitudes, ties for float16 / bfloat16 rounding and a zero group for q8_0.
+  at::Tensor qkv = at::randn({6, 5 * 64}) * at::pow(10.0, at::randint(-3, 3, {6, 5 * 64}));
+  qkv.narrow(1, 2 * 64, 32).zero_();
+  const at::Tensor k = qkv.narrow(1, 2 * 64, 2 * 64).view({6, 2, 64});  // rows 320 floats apart
+  const at::Tensor v = qkv.narrow(1, 3 * 64, 2 * 64).view({6, 2, 64});
+  ASSERT_EQ(k.stride(2), 1);
+  const at::Tensor slots = at::tensor({9, 0, 3, 14, 4, 10}, at::kLong);
+  for (const KvDtype dtype : {KvDtype::kFloat32, KvDtype::kFloat16, KvDtype::kBFloat16, KvDtype::kQ8_0}) {
+    s.dtype = dtype;
+    BlockPool direct(s, 3, at::kFloat, kCpu, dtype), tensor_path(s, 3, at::kFloat, kCpu, dtype);
+    direct.write(2, slots, k, v);
+    // A stride-2 copy of the same values: not the direct path's layout.
+    const at::Tensor ks = at::stack({k, k}, -1).select(-1, 0), vs = at::stack({v, v}, -1).select(-1, 0);
+    ASSERT_NE(ks.stride(2), 1);
+    tensor_path.write(2, slots, ks, vs);
+    for (int which = 0; which < 2; ++which) {
+      const auto bytes = static_cast<size_t>(s.num_layers * 15 * 2 * 64 *
+                                             (dtype == KvDtype::kQ8_0 ? 1 : kv_row_bytes(dtype, 64) / 64));
+      EXPECT_EQ(std::memcmp(direct.stored_data(which, 0), tensor_path.stored_data(which, 0), bytes), 0)
+          << kv_dtype_name(dtype) << " " << which;
+      if (dtype == KvDtype::kQ8_0) {
+        EXPECT_EQ(std::memcmp(direct.stored_scales(which, 0), tensor_path.stored_scales(which, 0),
+                              static_cast<size_t>(s.num_layers * 15 * 2 * 2 * 2)),
+                  0);
+      }
+    }
+    EXPECT_TRUE(at::equal(direct.gather_keys(2, slots), tensor_path.gather_keys(2, slots))) << kv_dtype_name(dtype);
+    EXPECT_THROW(direct.write(0, at::tensor({15}, at::kLong), k.narrow(0, 0, 1), v.narrow(0, 0, 1)),
+                 std::out_of_range);
+    EXPECT_THROW(direct.write(0, at::tensor({-1}, at::kLong), k.narrow(0, 0, 1), v.narrow(0, 0, 1)),
+                 std::out_of_range);
+  }
 }
 
 TEST(BlockPoolStorage, views_taken_earlier_see_later_writes) {
