@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
 # This build of kvpipe against another (an earlier commit, another LibTorch) on one machine in
-# one run: batch-1 decode of the `small` preset (128 tokens after a 16-token prompt,
-# 1000 / tpot_ms) and a 512-token prompt (512000 / ttft_ms), the builds alternating within
+# one run: batch-1 decode of the `small` preset or --model's file (128 tokens after a 16-token
+# prompt, 1000 / tpot_ms) and a 512-token prompt (512000 / ttft_ms), the builds alternating within
 # each run, with the read bandwidth measured at the start of each run.
 #
 #   benchmarks/compare_builds.sh --base OTHER/kvpipe [--runs N] [--threads T] [--env NAME=V,...]
+#                                [--model PATH]
 #
 # --env adds a third variant: this build with those environment variables (for example
 # KVPIPE_CPU_BLAS=torch). Prints a Markdown table of medians and of the per-run ratios to the
 # base build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-base="" runs=5 threads=1 extra=""
+base="" runs=5 threads=1 extra="" model=dummy:small
 while [ $# -gt 0 ]; do
   case "$1" in
     --base) base=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --env) extra=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
     *) echo "compare_builds: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -27,8 +29,8 @@ this=build/release/launch/kvpipe membw=build/release/benchmarks/kvpipe_membw
 export OMP_NUM_THREADS=$threads
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-printf 'model: {path: "dummy:small"}\nruntime: {threads: %s}\ncache: {memory: 256MiB}\nsampling: {ignore_eos: true}\n' \
-  "$threads" >"$tmp/job.yaml"
+printf 'model: {path: "%s"}\nruntime: {threads: %s}\ncache: {memory: 256MiB}\nsampling: {ignore_eos: true}\n' \
+  "$model" "$threads" >"$tmp/job.yaml"
 ids() { seq 0 $(($1 - 1)) | awk '{printf "%s%d", (NR>1?",":""), ($1*7919)%8000+3}'; }
 decode_prompt=$(ids 16) prefill_prompt=$(ids 512)
 field() { grep -oE "\"$1\":[0-9.]+" | head -1 | cut -d: -f2; }
@@ -47,9 +49,9 @@ for r in $(seq 1 "$runs"); do
     echo "$r $v $bw $tpot $ttft" >>"$tmp/rows"
   done
 done
-python3 - "$tmp/rows" "$base" "$extra" "$threads" "$runs" <<'PY'
+python3 - "$tmp/rows" "$base" "$extra" "$threads" "$runs" "$model" <<'PY'
 import statistics as st, sys
-rows, base, extra, threads, runs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+rows, base, extra, threads, runs, model = sys.argv[1:7]
 by = {}
 for line in open(rows):
     r, v, bw, tpot, ttft = line.split()
@@ -63,7 +65,7 @@ for v in [k for k in ("base", "this", "env") if k in next(iter(by.values()))]:
     rp = st.median(x[v][1] / x["base"][1] for x in by.values())
     print(f"| {names[v]} | {d:.1f} | {rd:.2f} | {p:.1f} | {rp:.2f} |")
 print()
-print(f"`small` preset, {threads} thread(s), {runs} run(s), builds alternating within each run; "
+print(f"{'`small` preset' if model == 'dummy:small' else model}, {threads} thread(s), {runs} run(s), builds alternating within each run; "
       f"ratios are medians of the per-run ratios; read bandwidth median "
       f"{st.median(x['base'][2] for x in by.values()):.2f} GB/s (one thread).")
 print("raw rows (run build bandwidth_GBps decode_tok_s prefill512_tok_s):")
