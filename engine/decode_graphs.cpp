@@ -46,8 +46,9 @@ bool DecodeGraphs::handles(const StepBatch& batch, const StepContext& ctx) const
   if (batch.full_sequences || shard_.num_cached_layers() != shard_.layers().size()) return false;
   if (decode_graph_bucket(ctx.context_lens.numel(), max_batch_) == 0 || ctx.block_tables.size(1) > table_width_)
     return false;
+  // A verified draft's rows are decode queries too, but a graph's bucket counts sequences.
   for (const SeqStep& s : batch.seqs)
-    if (!s.sample) return false;
+    if (!s.sample || s.num_new != 1) return false;
   // The graph's attention is the paged kernel: the step must be one it takes, and no other
   // path may be pinned (KVPIPE_ATTENTION).
   const std::optional<AttentionPath> pinned = shard_.attention_path();

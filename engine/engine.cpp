@@ -3,6 +3,7 @@
 #include "engine/decode_graphs.h"
 #include "engine/logits_processor.h"
 #include "engine/sampler.h"
+#include "engine/speculative/ngram_proposer.h"
 
 #include <ATen/ATen.h>
 
@@ -23,24 +24,38 @@ bool all_greedy(const StepBatch& batch) {
 // Rows whose request asks for logits processing take the token drawn here, from their raw
 // logits processed with the sequence's tokens so far, instead of the one their last stage
 // drew from the raw logits (the processing reads what only the coordinator holds).
+// A verified draft's row r is processed with the draft's first r tokens appended, the tokens
+// it follows.
 void redraw_processed_rows(const StepBatch& batch, const std::vector<Sequence*>& seqs, StepOutput& out,
                            const std::vector<int64_t>& stop_ids) {
   std::vector<float> row;
+  std::vector<int64_t> history;
   int64_t k = 0;
   for (size_t i = 0; i < batch.seqs.size(); ++i) {
     const SeqStep& s = batch.seqs[i];
     if (!s.sample) continue;
-    const int64_t at = k++;
+    const int64_t first = k;
+    k += s.num_sampled;
     const Request& request = seqs[i]->request;
-    if (!request.processing.active() || out.tokens[at] == kNonFiniteToken) continue;
+    if (!request.processing.active()) continue;
     // The batch asked for them (Engine::run): a step without them would drop the processing.
     if (!out.logits.defined()) throw std::logic_error("a processed row came back without its logits");
     const int64_t vocab = out.logits.size(1);
     const float* base = out.logits.data_ptr<float>();
-    row.assign(base + at * vocab, base + (at + 1) * vocab);
-    apply_logits_processing(row.data(), vocab, request.processing, seqs[i]->tokens,
-                            static_cast<int64_t>(request.prompt.size()), stop_ids, request.max_new_tokens);
-    out.tokens[at] = sample_token(row.data(), vocab, s.sampling, s.request_id, s.output_index);
+    history = seqs[i]->tokens;
+    for (int64_t r = 0; r < s.num_sampled; ++r) {
+      const int64_t at = first + r;
+      if (r > 0) {
+        // Rows after the first one the draft missed are never kept (accepted_length).
+        if (out.tokens[at - 1] != seqs[i]->draft.at(r - 1)) break;
+        history.push_back(seqs[i]->draft[r - 1]);
+      }
+      if (out.tokens[at] == kNonFiniteToken) continue;
+      row.assign(base + at * vocab, base + (at + 1) * vocab);
+      apply_logits_processing(row.data(), vocab, request.processing, history,
+                              static_cast<int64_t>(request.prompt.size()), stop_ids, request.max_new_tokens);
+      out.tokens[at] = sample_token(row.data(), vocab, s.sampling, s.request_id, s.output_index + r);
+    }
   }
 }
 
@@ -56,8 +71,10 @@ StepOutput sample_greedy_rows(const StepBatch& batch, const at::Tensor& logits) 
   int64_t row = 0;
   for (const SeqStep& s : batch.seqs) {
     if (!s.sample) continue;
-    out.request_ids.push_back(s.request_id);
-    out.tokens.push_back(id[row++]);
+    for (int64_t r = 0; r < s.num_sampled; ++r) {
+      out.request_ids.push_back(s.request_id);
+      out.tokens.push_back(id[row++]);
+    }
   }
   return out;
 }
@@ -71,9 +88,11 @@ StepOutput sample_batch(const StepBatch& batch, const at::Tensor& logits) {
   int64_t row = 0;
   for (const SeqStep& s : batch.seqs) {
     if (!s.sample) continue;
-    out.request_ids.push_back(s.request_id);
-    out.tokens.push_back(sample_token(base + row * vocab, vocab, s.sampling, s.request_id, s.output_index));
-    ++row;
+    for (int64_t r = 0; r < s.num_sampled; ++r, ++row) {
+      out.request_ids.push_back(s.request_id);
+      out.tokens.push_back(
+          sample_token(base + row * vocab, vocab, s.sampling, s.request_id, s.output_index + r));
+    }
   }
   if (batch.want_logits) out.logits = l;
   return out;
@@ -154,8 +173,10 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
       f.record.micro_batch = submitted_++;
       f.record.sequences = static_cast<int64_t>(f.batch.seqs.size());
       for (const SeqStep& s : f.batch.seqs) {
-        const bool decoding = s.sample && s.output_index > 0 && s.num_new == 1;
+        // A verified draft's rows decode too.
+        const bool decoding = s.sample && s.output_index > 0 && s.num_new == s.num_sampled;
         (decoding ? f.record.decode_tokens : f.record.prompt_tokens) += s.num_new;
+        if (s.sample) f.record.draft_tokens += s.num_sampled - 1;
       }
       f.record.submitted = Clock::now();
       executor_.submit(f.batch);
@@ -181,28 +202,41 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
     // The tokens are host values here, so the work that produced them has finished on
     // whatever device ran it: this clock reading is the end-to-end step latency.
     f.record.done = Clock::now();
-    if (on_token) {
-      size_t row = 0;
-      for (const SeqStep& s : f.batch.seqs) {
-        if (!s.sample) continue;
+    // What each sequence keeps (accepted_length() of a verified draft), announced token by
+    // token; a callback that ends its request (a stop string) cuts the rest.
+    std::vector<std::vector<int64_t>> kept(f.seqs.size());
+    size_t row = 0;
+    for (size_t i = 0; i < f.seqs.size(); ++i) {
+      const SeqStep& s = f.batch.seqs[i];
+      if (!s.sample) continue;
+      const Sequence& seq = *f.seqs[i];
+      const size_t first = row;
+      row += static_cast<size_t>(s.num_sampled);
+      if (row > out.tokens.size()) throw std::logic_error("a micro-batch came back with fewer sampled rows than it computed");
+      const int64_t* rows = out.tokens.data() + first;
+      const int64_t n = accepted_length(seq.draft, rows, s.num_sampled);
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t token = rows[r];
+        kept[i].push_back(token);
         // A failed row is no token: the request ends with its error (on_finished, results()).
-        if (out.tokens[row] == kNonFiniteToken) {
-          ++row;
-          continue;
+        if (token == kNonFiniteToken) break;
+        if (on_token) {
+          TokenEvent ev;
+          ev.request_id = s.request_id;
+          ev.index = s.output_index + r;
+          ev.token = token;
+          if (out.logits.defined()) {
+            ev.vocab = out.logits.size(1);
+            ev.logits = out.logits.data_ptr<float>() + (first + static_cast<size_t>(r)) * ev.vocab;
+          }
+          on_token(ev);
         }
-        TokenEvent ev;
-        ev.request_id = s.request_id;
-        ev.index = s.output_index;
-        ev.token = out.tokens[row];
-        if (out.logits.defined()) {
-          ev.vocab = out.logits.size(1);
-          ev.logits = out.logits.data_ptr<float>() + row * ev.vocab;
-        }
-        on_token(ev);
-        ++row;
+        const bool eos = !seq.request.ignore_eos && std::find(model_.eos_token_ids.begin(), model_.eos_token_ids.end(),
+                                                              token) != model_.eos_token_ids.end();
+        if (!seq.finish_requested.empty() || eos || s.output_index + r + 1 >= seq.request.max_new_tokens) break;
       }
     }
-    scheduler_.update(f.batch, f.seqs, out, model_.eos_token_ids);
+    scheduler_.update(f.batch, f.seqs, kept, model_.eos_token_ids);
     if (options_.on_finished)
       for (const Sequence* s : f.seqs)
         if (s->finished()) options_.on_finished(*s);
@@ -230,6 +264,9 @@ std::vector<RequestResult> Engine::results() const {
     r.output_ids.assign(s->tokens.begin() + s->request.prompt.size(), s->tokens.end());
     r.finish_reason = s->finish_reason;
     r.error = s->error;
+    r.spec_drafts = s->spec_drafts;
+    r.spec_draft_tokens = s->spec_draft_tokens;
+    r.spec_accepted_tokens = s->spec_accepted_tokens;
     using ms = std::chrono::duration<double, std::milli>;
     if (!r.output_ids.empty()) {
       r.ttft_ms = ms(s->first_token_time - s->arrival_time).count();

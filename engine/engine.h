@@ -88,6 +88,9 @@ struct RequestResult {
   std::string error;                 // why the request failed, when finish_reason is "error"
   double ttft_ms = 0.0;
   double tpot_ms = 0.0;
+  int64_t spec_drafts = 0;           // speculative drafts verified, their tokens, those kept
+  int64_t spec_draft_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
 };
 
 class Engine;
@@ -129,7 +132,8 @@ struct StepRecord {
   Clock::time_point submitted{}, done{};  // done: its sampled tokens are on this host
   int64_t sequences = 0;
   int64_t prompt_tokens = 0;          // prompt chunks, and tokens recomputed after preemption
-  int64_t decode_tokens = 0;          // one per sequence decoding its next token
+  int64_t decode_tokens = 0;          // one per sequence decoding its next token (and its draft's)
+  int64_t draft_tokens = 0;           // speculative draft tokens verified (in decode_tokens)
   int64_t blocks_used = 0;            // KV blocks in use once its tokens were appended
 
   // End-to-end latency: submitted -> tokens back.

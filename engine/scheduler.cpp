@@ -128,6 +128,27 @@ void Scheduler::after_compute(Sequence& seq) {
   }
 }
 
+std::vector<int64_t> Scheduler::draft_for(Sequence& seq, int64_t budget) {
+  const SpeculativeOptions& o = options_.speculative;
+  if (!o.enabled() || num_running() > o.max_batch) return {};
+  const int64_t len = static_cast<int64_t>(seq.tokens.size());
+  if (seq.num_output() == 0 || len - seq.num_computed != 1) return {};
+  // Never more tokens than max_new_tokens or the context allow, counting the model's own
+  // token after the draft.
+  int64_t k = std::min({o.num_tokens, seq.request.max_new_tokens - seq.num_output() - 1,
+                        options_.max_context - len - 1, budget - 1});
+  if (options_.window_recent > 0) k = std::min(k, options_.window_recent - 1);
+  if (k <= 0) return {};
+  if (!seq.spec_gate.open()) {
+    seq.spec_gate.step_without_draft();
+    return {};
+  }
+  std::vector<int64_t> draft = propose_ngram(seq.tokens, o.ngram_min, o.ngram_max, seq.spec_gate.length(k));
+  // Blocks for the draft only where they are free: it must never preempt anyone.
+  if (!draft.empty() && !grow(seq, len + static_cast<int64_t>(draft.size()))) draft.clear();
+  return draft;
+}
+
 void Scheduler::preempt(Sequence& seq) {
   release(seq);
   stats_.recomputed_tokens += seq.num_computed;
@@ -169,15 +190,18 @@ StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences, i
     if (s.scheduled_time == Clock::time_point{}) s.scheduled_time = now;
     SeqStep st;
     st.request_id = s.request.id;
+    const int64_t drafted = static_cast<int64_t>(s.draft.size());
     st.context_len = s.num_computed;
     st.num_new = n;
-    st.sample = s.num_computed + n == static_cast<int64_t>(s.tokens.size());
+    st.sample = s.num_computed + n - drafted == static_cast<int64_t>(s.tokens.size());
+    st.num_sampled = 1 + drafted;
     st.output_index = s.num_output();
     st.sampling = s.request.sampling;
     st.block_table = s.blocks;
     batch.token_ids.insert(batch.token_ids.end(),
                            s.tokens.begin() + (options_.full_sequences ? 0 : s.num_computed),
-                           s.tokens.begin() + s.num_computed + n);
+                           s.tokens.begin() + s.num_computed + n - drafted);
+    batch.token_ids.insert(batch.token_ids.end(), s.draft.begin(), s.draft.end());
     batch.seqs.push_back(std::move(st));
     sequences.push_back(&s);
     s.in_flight = true;
@@ -200,7 +224,9 @@ StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences, i
     if (std::find(running_.begin(), running_.end(), &s) == running_.end()) continue;  // preempted above
     const bool prefill = is_prefill(s);
     if (prefill && prefill_budget <= 0) continue;
-    const int64_t n = chunk_of(s, prefill ? std::min(budget, prefill_budget) : budget);
+    int64_t n = chunk_of(s, prefill ? std::min(budget, prefill_budget) : budget);
+    s.draft = prefill ? std::vector<int64_t>{} : draft_for(s, budget);
+    n += static_cast<int64_t>(s.draft.size());
     bool stalled = false;
     while (!grow(s, s.num_computed + n)) {
       Sequence* v = victim();
@@ -223,6 +249,7 @@ StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences, i
   while (!preempted && !waiting_.empty() && budget > 0 && prefill_budget > 0 &&
          static_cast<int64_t>(batch.seqs.size()) < seats) {
     Sequence& s = *waiting_.front();
+    s.draft.clear();
     admit_prefix(s);
     const int64_t n = chunk_of(s, is_prefill(s) ? std::min(budget, prefill_budget) : budget);
     if (!grow(s, s.num_computed + n)) {
@@ -239,46 +266,93 @@ StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences, i
 
 void Scheduler::update(const StepBatch& computed, const std::vector<Sequence*>& sequences,
                        const StepOutput& output, const std::vector<int64_t>& eos_ids) {
+  std::vector<std::vector<int64_t>> kept(sequences.size());
+  size_t row = 0;
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    const SeqStep& st = computed.seqs[i];
+    if (!st.sample) continue;
+    if (row + st.num_sampled > output.tokens.size())
+      throw std::logic_error("a micro-batch came back with fewer sampled rows than it computed");
+    const int64_t* rows = output.tokens.data() + row;
+    row += st.num_sampled;
+    kept[i].assign(rows, rows + accepted_length(sequences[i]->draft, rows, st.num_sampled));
+  }
+  update(computed, sequences, kept, eos_ids);
+}
+
+void Scheduler::finish_now(Sequence& s, const std::string& reason) {
+  s.finish_reason = reason;
+  ++finished_;
+  release(s);
+  running_.erase(std::find(running_.begin(), running_.end(), &s));
+}
+
+void Scheduler::update(const StepBatch& computed, const std::vector<Sequence*>& sequences,
+                       const std::vector<std::vector<int64_t>>& kept, const std::vector<int64_t>& eos_ids) {
   const auto now = Clock::now();
-  size_t sampled = 0;
   for (size_t i = 0; i < sequences.size(); ++i) {
     Sequence& s = *sequences[i];
     const SeqStep& st = computed.seqs[i];
     s.in_flight = false;
-    s.num_computed += st.num_new;
     stats_.computed_tokens += st.num_new;
-    after_compute(s);
-    if (!st.sample && s.finish_requested.empty()) continue;
     if (!st.sample) {
-      s.finish_reason = s.finish_requested;
-      ++finished_;
-      release(s);
-      running_.erase(std::find(running_.begin(), running_.end(), &s));
+      s.num_computed += st.num_new;
+      after_compute(s);
+      if (!s.finish_requested.empty()) finish_now(s, s.finish_requested);
       continue;
     }
-    const int64_t token = output.tokens.at(sampled++);
-    if (token == kNonFiniteToken) {
-      s.finish_reason = "error";
-      s.error = "non-finite logits at step " + std::to_string(st.output_index);
-      ++finished_;
-      release(s);
-      running_.erase(std::find(running_.begin(), running_.end(), &s));
-      continue;
+    const std::vector<int64_t>& tokens = kept.at(i);
+    if (tokens.empty() || static_cast<int64_t>(tokens.size()) > st.num_sampled)
+      throw std::logic_error("request " + std::to_string(s.request.id) + " keeps " +
+                             std::to_string(tokens.size()) + " of " + std::to_string(st.num_sampled) +
+                             " sampled tokens");
+    const std::vector<int64_t> draft = std::move(s.draft);
+    s.draft.clear();
+    // Positions before the sampled rows, and those of the rows whose tokens are kept (row r
+    // was computed from the draft's first r tokens): their K/V is what the model alone writes.
+    const int64_t computed_now = st.context_len + st.num_new - st.num_sampled + static_cast<int64_t>(tokens.size());
+    if (!draft.empty()) {
+      int64_t accepted = 0;
+      while (accepted < static_cast<int64_t>(std::min(draft.size(), tokens.size())) &&
+             tokens[accepted] == draft[accepted])
+        ++accepted;
+      ++s.spec_drafts;
+      ++stats_.spec_drafts;
+      s.spec_draft_tokens += static_cast<int64_t>(draft.size());
+      stats_.spec_draft_tokens += static_cast<int64_t>(draft.size());
+      s.spec_accepted_tokens += accepted;
+      stats_.spec_accepted_tokens += accepted;
+      if (stats_.spec_accepted_at.size() < draft.size()) stats_.spec_accepted_at.resize(draft.size(), 0);
+      for (int64_t r = 0; r < accepted; ++r) ++stats_.spec_accepted_at[r];
+      s.spec_gate.record(static_cast<int64_t>(draft.size()), accepted);
     }
-    s.tokens.push_back(token);
-    if (s.num_output() == 1) s.first_token_time = now;
-    s.last_token_time = now;
-    const bool eos = !s.request.ignore_eos &&
-                     std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end();
-    if (!s.finish_requested.empty()) s.finish_reason = s.finish_requested;
-    else if (eos) s.finish_reason = "stop";
-    else if (s.num_output() >= s.request.max_new_tokens ||
-             static_cast<int64_t>(s.tokens.size()) >= options_.max_context)
-      s.finish_reason = "length";
-    if (s.finished()) {
-      ++finished_;
-      release(s);
-      running_.erase(std::find(running_.begin(), running_.end(), &s));
+    for (size_t r = 0; r < tokens.size() && !s.finished(); ++r) {
+      const int64_t token = tokens[r];
+      if (token == kNonFiniteToken) {
+        s.error = "non-finite logits at step " + std::to_string(st.output_index + static_cast<int64_t>(r));
+        finish_now(s, "error");
+        break;
+      }
+      s.tokens.push_back(token);
+      if (s.num_output() == 1) s.first_token_time = now;
+      s.last_token_time = now;
+      const bool eos = !s.request.ignore_eos &&
+                       std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end();
+      const bool last = r + 1 == tokens.size();
+      if (last && !s.finish_requested.empty()) finish_now(s, s.finish_requested);
+      else if (eos) finish_now(s, "stop");
+      else if (s.num_output() >= s.request.max_new_tokens ||
+               static_cast<int64_t>(s.tokens.size()) >= options_.max_context)
+        finish_now(s, "length");
+    }
+    if (s.finished()) continue;
+    s.num_computed = computed_now;
+    after_compute(s);
+    // A rejected draft's blocks beyond the sequence's tokens go back to the pool.
+    const size_t holds = static_cast<size_t>(blocks_for_tokens(static_cast<int64_t>(s.tokens.size()), options_.block_size));
+    while (s.blocks.size() > holds) {
+      if (s.blocks.back() >= 0) blocks_.release(s.blocks.back());
+      s.blocks.pop_back();
     }
   }
 }

@@ -18,6 +18,7 @@
 
 #include "cache/block_manager.h"
 #include "engine/logits_processor.h"
+#include "engine/speculative/ngram_proposer.h"
 #include "engine/step_batch.h"
 
 #include <chrono>
@@ -61,6 +62,13 @@ struct Sequence {
   bool in_flight = false;           // part of a micro-batch whose tokens have not come back
   Clock::time_point arrival_time{}, first_token_time{}, last_token_time{};
   Clock::time_point scheduled_time{};  // first put into a micro-batch (end of its queue time)
+  // Speculative decoding (engine/speculative/ngram_proposer.h): the draft its micro-batch in
+  // flight verifies, and what its drafts have given so far.
+  std::vector<int64_t> draft;
+  int64_t spec_drafts = 0;          // steps that verified a draft
+  int64_t spec_draft_tokens = 0;    // draft tokens verified
+  int64_t spec_accepted_tokens = 0; // draft tokens kept in the output
+  SpeculationGate spec_gate;
 
   int64_t num_output() const { return static_cast<int64_t>(tokens.size() - request.prompt.size()); }
   bool finished() const { return !finish_reason.empty(); }
@@ -79,6 +87,9 @@ struct SchedulerOptions {
   int64_t window_sinks = 0;
   int64_t window_recent = 0;        // 0: no window
   bool full_sequences = false;      // some layers keep no K/V: send every token each step
+  // Decoding sequences verify drafts of up to num_tokens tokens per step, while at most
+  // max_batch sequences run and blocks for the draft are free without preempting anyone.
+  SpeculativeOptions speculative;
 };
 
 struct SchedulerStats {
@@ -86,6 +97,12 @@ struct SchedulerStats {
   int64_t recomputed_tokens = 0;    // tokens computed again after preemption
   int64_t computed_tokens = 0;      // new tokens computed (prefix hits excluded)
   int64_t peak_blocks_used = 0;
+  // Speculative decoding, with vLLM's meanings: drafts verified, their tokens, the tokens
+  // kept, and per draft position (0 = the first draft token) how often it was kept.
+  int64_t spec_drafts = 0;
+  int64_t spec_draft_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
+  std::vector<int64_t> spec_accepted_at;
 };
 
 class Scheduler {
@@ -106,9 +123,18 @@ class Scheduler {
 
   // Appends the sampled tokens of a micro-batch that came back, finishing and freeing
   // sequences as they end. `computed` is the batch that ran. A kNonFiniteToken ends its
-  // request with finish_reason "error" and no token appended.
+  // request with finish_reason "error" and no token appended. Of a verified draft's rows the
+  // sequence keeps accepted_length() tokens.
   void update(const StepBatch& computed, const std::vector<Sequence*>& sequences,
               const StepOutput& output, const std::vector<int64_t>& eos_ids);
+
+  // The same with the tokens each sequence keeps already chosen (`kept[i]` for sequences[i]:
+  // empty for a sequence that sampled nothing, else at most its sampled rows, a prefix of what
+  // accepted_length() keeps; the caller may cut it short after a token whose callback asked
+  // finish()). A draft's rejected positions are given back: the sequence holds the blocks of
+  // its tokens, and the prefix cache sees only kept ones.
+  void update(const StepBatch& computed, const std::vector<Sequence*>& sequences,
+              const std::vector<std::vector<int64_t>>& kept, const std::vector<int64_t>& eos_ids);
 
   // Ends request `request_id` before its natural end (a stop string in its text, a client
   // that went away) with `reason` as its finish_reason, freeing its blocks. A request in a
@@ -137,6 +163,9 @@ class Scheduler {
   void after_compute(Sequence& seq);  // offers full blocks to the cache, frees out-of-window ones
   int64_t max_blocks_held(int64_t tokens) const;
   int64_t chunk_of(const Sequence& seq, int64_t budget) const;  // tokens to compute next
+  // The draft a decoding sequence verifies next within `budget` tokens (empty: none).
+  std::vector<int64_t> draft_for(Sequence& seq, int64_t budget);
+  void finish_now(Sequence& seq, const std::string& reason);
 
   SchedulerOptions options_;
   BlockManager blocks_;

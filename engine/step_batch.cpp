@@ -25,7 +25,10 @@ StepContext make_host_step_context(const StepBatch& batch, int64_t block_size, b
   auto* slot = slots.data_ptr<int64_t>();
   StepContext ctx;
   std::vector<int64_t> rows, full_positions, new_rows, key_slots;
-  std::vector<int32_t> cu_q(S + 1, 0), cu_k(S + 1, 0), lens(S);
+  std::vector<int32_t> cu_q(S + 1, 0), cu_k(S + 1, 0), lens;
+  // The paged tables have a row per query: a verified draft's rows are decode queries of
+  // their own, each seeing the positions up to itself.
+  std::vector<int64_t> table_of_row;
   int64_t t = 0, max_blocks = 0;
   ctx.decode_only = is_decode_only(batch);
   ctx.key_indices = key_indices;
@@ -64,12 +67,21 @@ StepContext make_host_step_context(const StepBatch& batch, int64_t block_size, b
       pos[t] = s.context_len + j;
       slot[t] = slot_of(s, s.context_len + j);
     }
-    if (s.sample) rows.push_back(t - 1);
+    if (s.sample)
+      for (int64_t r = s.num_sampled; r >= 1; --r) rows.push_back(t - r);
     if (key_indices) ctx.seq_key_positions.push_back(at::tensor(key_pos, at::kLong));
     const int64_t keys = static_cast<int64_t>(key_pos.size());
     cu_q[i + 1] = static_cast<int32_t>(cu_q[i] + s.num_new);
     cu_k[i + 1] = static_cast<int32_t>(cu_k[i] + keys);
-    lens[i] = static_cast<int32_t>(total);
+    if (ctx.decode_only) {
+      for (int64_t j = 0; j < s.num_new; ++j) {
+        lens.push_back(static_cast<int32_t>(s.context_len + j + 1));
+        table_of_row.push_back(i);
+      }
+    } else {
+      lens.push_back(static_cast<int32_t>(total));
+      table_of_row.push_back(i);
+    }
     ctx.max_seqlen_q = std::max(ctx.max_seqlen_q, s.num_new);
     ctx.max_seqlen_k = std::max(ctx.max_seqlen_k, keys);
     max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(s.block_table.size()));
@@ -90,11 +102,12 @@ StepContext make_host_step_context(const StepBatch& batch, int64_t block_size, b
     ctx.cu_seqlens_k = at::tensor(cu_k, at::kInt);
   }
   ctx.context_lens = at::tensor(lens, at::kInt);
-  ctx.block_tables = at::full({S, max_blocks}, -1, at::kInt);
-  for (int64_t i = 0; i < S; ++i) {
-    const auto& table = batch.seqs[i].block_table;
+  const int64_t table_rows = static_cast<int64_t>(table_of_row.size());
+  ctx.block_tables = at::full({table_rows, max_blocks}, -1, at::kInt);
+  for (int64_t r = 0; r < table_rows; ++r) {
+    const auto& table = batch.seqs[table_of_row[r]].block_table;
     if (!table.empty())
-      std::memcpy(ctx.block_tables[i].data_ptr<int32_t>(), table.data(), table.size() * sizeof(int32_t));
+      std::memcpy(ctx.block_tables[r].data_ptr<int32_t>(), table.data(), table.size() * sizeof(int32_t));
   }
   return ctx;
 }
@@ -102,8 +115,9 @@ StepContext make_host_step_context(const StepBatch& batch, int64_t block_size, b
 }  // namespace
 
 bool is_decode_only(const StepBatch& batch) {
-  return !batch.seqs.empty() &&
-         std::all_of(batch.seqs.begin(), batch.seqs.end(), [](const SeqStep& s) { return s.num_new == 1; });
+  return !batch.seqs.empty() && std::all_of(batch.seqs.begin(), batch.seqs.end(), [](const SeqStep& s) {
+           return s.num_new == 1 || (s.sample && s.num_sampled == s.num_new);
+         });
 }
 
 StepContext make_step_context(const StepBatch& batch, int64_t block_size, at::Device device, bool key_indices) {
@@ -162,7 +176,7 @@ std::vector<int64_t> encode_step_header(const StepBatch& batch, int64_t micro_ba
                             batch.full_sequences ? 1 : 0, batch.window_sinks,
                             batch.window_recent};
   for (const SeqStep& s : batch.seqs) {
-    w.insert(w.end(), {s.request_id, s.context_len, s.num_new, s.output_index, s.sample ? 1 : 0,
+    w.insert(w.end(), {s.request_id, s.context_len, s.num_new, s.output_index, s.sample ? 1 : 0, s.num_sampled,
                        double_bits(s.sampling.temperature), s.sampling.top_k, double_bits(s.sampling.top_p),
                        static_cast<int64_t>(s.sampling.seed), s.sampling.stream, double_bits(s.sampling.min_p),
                        static_cast<int64_t>(s.block_table.size())});
@@ -193,6 +207,8 @@ StepBatch decode_step_header(const std::vector<int64_t>& w, int64_t* micro_batch
     s.num_new = next();
     s.output_index = next();
     s.sample = next() != 0;
+    s.num_sampled = next();
+    if (s.num_sampled < 1 || s.num_sampled > s.num_new) throw std::runtime_error("step header is corrupt");
     s.sampling.temperature = bits_double(next());
     s.sampling.top_k = static_cast<int>(next());
     s.sampling.top_p = bits_double(next());

@@ -35,6 +35,9 @@ struct SeqStep {
   int64_t num_new = 0;           // tokens computed in this step
   int64_t output_index = 0;      // index of the token sampled after this step
   bool sample = false;           // the last new token's distribution is wanted
+  // With `sample`: how many of the last new tokens are sampled rows (more than 1 when the
+  // step verifies a speculative draft); row r's token has output index output_index + r.
+  int64_t num_sampled = 1;
   SamplingParams sampling;
   std::vector<int32_t> block_table;
 };
@@ -62,7 +65,7 @@ struct StepContext {
                                       // max_seqlen_k are built (else empty, undefined, 0)
   std::vector<at::Tensor> seq_slots;  // per sequence: slots of the cached keys it attends to
   std::vector<at::Tensor> seq_key_positions;  // per sequence: their positions
-  at::Tensor sample_rows;             // int64 [S]: rows of T whose logits are sampled
+  at::Tensor sample_rows;             // int64 [sampled rows]: rows of T whose logits are sampled
   // With full_sequences: every token's position, and where the new tokens sit among them.
   at::Tensor full_positions;          // int64 [sum of context_len + num_new]
   at::Tensor new_rows;                // int64 [T]
@@ -74,9 +77,11 @@ struct StepContext {
   at::Tensor cu_seqlens_k;   // int32 [S + 1]: where each sequence's keys start in key_slots
   int64_t max_seqlen_q = 0;  // most new tokens of one sequence
   int64_t max_seqlen_k = 0;  // most keys of one sequence
-  at::Tensor block_tables;   // int32 [S, most blocks of one sequence], -1 past a table's end
-  at::Tensor context_lens;   // int32 [S]: context_len + num_new of each sequence
-  bool decode_only = false;  // every sequence computes exactly one new token
+  // Per sequence, or with decode_only per new token (a verified draft's row r is a decode
+  // query of its own: its sequence's table, context_len + r + 1 keys):
+  at::Tensor block_tables;   // int32 [S or T, most blocks of one sequence], -1 past a table's end
+  at::Tensor context_lens;   // int32 [S or T]: context_len + num_new of each sequence (or row)
+  bool decode_only = false;  // every new token is a decode query (is_decode_only)
 };
 
 // The step's indices on `device` (the CPU: as built; a GPU: copied there in one transfer),
@@ -84,7 +89,9 @@ struct StepContext {
 StepContext make_step_context(const StepBatch& batch, int64_t block_size, at::Device device = at::kCPU,
                               bool key_indices = true);
 
-// Every sequence of the (non-empty) batch computes exactly one new token.
+// Every new token of the (non-empty) batch is a decode query: its sequence computes one new
+// token, or verifies a draft (every new token a sampled row), so the paged decode kernel takes
+// each row with the keys up to its own position, as the steps without the draft would.
 bool is_decode_only(const StepBatch& batch);
 
 // `host`'s index tensors packed into one buffer, moved to `device` in one copy and taken
@@ -103,9 +110,9 @@ constexpr int64_t kNonFiniteToken = -1;
 
 struct StepOutput {
   int64_t micro_batch = 0;
-  std::vector<int64_t> request_ids;  // one per sampled sequence, in batch order
+  std::vector<int64_t> request_ids;  // one per sampled row, in batch order
   std::vector<int64_t> tokens;       // kNonFiniteToken where the row could not be sampled
-  at::Tensor logits;                 // float32 [S, vocab] when asked for
+  at::Tensor logits;                 // float32 [sampled rows, vocab] when asked for
 };
 
 }  // namespace kvpipe

@@ -61,6 +61,7 @@ StepBatch three_sequence_batch() {
   c.sampling.top_p = 0.5;
   c.sampling.seed = 99;
   c.sampling.min_p = 0.07;
+  c.num_sampled = 2;  // a verified draft of one token
 
   StepBatch batch = make_batch({a, b, c});
   batch.want_logits = true;
@@ -73,6 +74,7 @@ void expect_same_seq(const SeqStep& got, const SeqStep& want) {
   EXPECT_EQ(got.num_new, want.num_new);
   EXPECT_EQ(got.output_index, want.output_index);
   EXPECT_EQ(got.sample, want.sample);
+  EXPECT_EQ(got.num_sampled, want.num_sampled);
   // Sampling must be reproducible across stages, so doubles travel bit for bit.
   EXPECT_EQ(got.sampling.temperature, want.sampling.temperature);
   EXPECT_EQ(got.sampling.top_k, want.sampling.top_k);
@@ -179,6 +181,40 @@ TEST(StepBatchContext, sample_rows_are_last_new_token_of_sampled_sequences) {
   const StepContext ctx = make_step_context(batch, 4);
   EXPECT_EQ(ctx.positions.numel(), 9);
   EXPECT_EQ(to_vector(ctx.sample_rows), (std::vector<int64_t>{3, 7, 8}));
+}
+
+TEST(StepBatchContext, a_verified_draft_samples_its_last_rows_in_order) {
+  SeqStep draft = make_seq(3, 2, 4, true, {4, 5});
+  draft.num_sampled = 3;  // the last fed token and two draft tokens
+  const StepBatch batch = make_batch({make_seq(1, 0, 4, true, {0}), draft, make_seq(4, 6, 1, true, {6, 7})});
+  const StepContext ctx = make_step_context(batch, 4);
+  EXPECT_EQ(to_vector(ctx.sample_rows), (std::vector<int64_t>{3, 5, 6, 7, 8}));
+  EXPECT_FALSE(ctx.decode_only);  // a prompt chunk rides along
+}
+
+TEST(StepBatchContext, a_verified_draft_alone_is_decode_queries_with_their_own_lengths) {
+  SeqStep draft = make_seq(3, 5, 3, true, {4, 5});
+  draft.num_sampled = 3;
+  const StepBatch batch = make_batch({make_seq(1, 2, 1, true, {0}), draft});
+  EXPECT_TRUE(is_decode_only(batch));
+  const StepContext ctx = make_step_context(batch, 4);
+  EXPECT_TRUE(ctx.decode_only);
+  const at::Tensor lens = ctx.context_lens;
+  EXPECT_EQ(std::vector<int32_t>(lens.data_ptr<int32_t>(), lens.data_ptr<int32_t>() + lens.numel()),
+            (std::vector<int32_t>{3, 6, 7, 8}));
+  ASSERT_EQ(ctx.block_tables.size(0), 4);
+  for (int64_t r = 1; r < 4; ++r) {
+    EXPECT_EQ(ctx.block_tables[r][0].item<int32_t>(), 4);
+    EXPECT_EQ(ctx.block_tables[r][1].item<int32_t>(), 5);
+  }
+  EXPECT_EQ(ctx.block_tables[0][1].item<int32_t>(), -1);
+}
+
+TEST(StepBatchHeader, more_sampled_rows_than_new_tokens_is_corrupt) {
+  SeqStep s = make_seq(1, 0, 2, true, {0});
+  s.num_sampled = 3;
+  int64_t micro_batch = 0;
+  EXPECT_THROW(decode_step_header(encode_step_header(make_batch({s}), 1), &micro_batch), std::runtime_error);
 }
 
 TEST(StepBatchContext, no_sampled_sequence_gives_empty_sample_rows) {
