@@ -107,6 +107,9 @@ RequestResult finished_result(const Sequence& s) {
   r.output_ids.assign(s.tokens.begin() + static_cast<std::ptrdiff_t>(s.request.prompt.size()), s.tokens.end());
   r.finish_reason = s.finish_reason;
   r.error = s.error;
+  r.spec_drafts = s.spec_drafts;
+  r.spec_draft_tokens = s.spec_draft_tokens;
+  r.spec_accepted_tokens = s.spec_accepted_tokens;
   using ms = std::chrono::duration<double, std::milli>;
   if (!r.output_ids.empty()) {
     r.ttft_ms = ms(s.first_token_time - s.arrival_time).count();
@@ -129,6 +132,10 @@ ordered_json result_line(const RequestResult& r, TextStream* stream) {
   }
   line["ttft_ms"] = std::round(r.ttft_ms * 1000.0) / 1000.0;
   line["tpot_ms"] = std::round(r.tpot_ms * 1000.0) / 1000.0;
+  if (r.spec_drafts > 0)
+    line["speculative"] = {{"drafts", r.spec_drafts},
+                           {"draft_tokens", r.spec_draft_tokens},
+                           {"accepted_tokens", r.spec_accepted_tokens}};
   return line;
 }
 
@@ -242,6 +249,13 @@ void run_coordinator(const JobConfig& job, const JobPlan& plan, const ModelText&
              static_cast<long long>(ss.computed_tokens), static_cast<long long>(ss.preemptions),
              static_cast<long long>(ss.recomputed_tokens), static_cast<long long>(ss.peak_blocks_used),
              static_cast<long long>(bm.num_blocks()), static_cast<long long>(bm.num_cached()));
+  if (job.speculative.method != "off")
+    log_printf(LogLevel::kInfo,
+               "speculative: %lld drafts, %lld of %lld draft tokens accepted (%.1f%%), mean accepted length %.2f",
+               static_cast<long long>(ss.spec_drafts), static_cast<long long>(ss.spec_accepted_tokens),
+               static_cast<long long>(ss.spec_draft_tokens),
+               ss.spec_draft_tokens ? 100.0 * ss.spec_accepted_tokens / ss.spec_draft_tokens : 0.0,
+               ss.spec_drafts ? 1.0 + static_cast<double>(ss.spec_accepted_tokens) / ss.spec_drafts : 0.0);
 }
 
 }  // namespace

@@ -34,6 +34,7 @@ constexpr int64_t kMaxRanksPerNode = 1024;
 // the machine's core count by the plan; these are the limits no machine makes sensible.
 constexpr int64_t kMaxThreads = 1024;
 constexpr int64_t kMaxBatch = 1 << 16;
+constexpr int64_t kMaxDraftTokens = 64;
 constexpr int64_t kMaxStepTokens = 1 << 20;
 constexpr int64_t kMaxMicroBatches = 1024;
 constexpr int64_t kMaxWorkloadRequests = 1 << 20;
@@ -334,6 +335,7 @@ class Validator {
                     {"cache", section(cache_fields(c.cache))},
                     {"scheduler", section(scheduler_fields(c.scheduler))},
                     {"sampling", section(sampling_fields(c.sampling))},
+                    {"speculative", section(speculative_fields(c.speculative))},
                     {"requests", request_list(&c.requests)},
                     {"workload", section(workload_fields(c.workload))},
                     {"cluster", cluster_section(&c.cluster)}});
@@ -381,6 +383,25 @@ class Validator {
                     std::to_string(c.cache.window_sinks) +
                         " sink tokens need a window: set cache.window.recent > 0 (recent 0 "
                         "means no window)");
+      });
+    }
+    if (c.speculative.method == "draft" && !failed_paths_.count("speculative.method")) {
+      guard([&] {
+        fail_at_key("speculative.method",
+                    "draft (a draft model) is not supported: kvpipe drafts by prompt lookup (ngram) only");
+      });
+    }
+    if (!c.speculative.model.empty() && !failed_paths_.count("speculative.model")) {
+      guard([&] {
+        fail_at_key("speculative.model",
+                    "a draft model is read only by method draft, which kvpipe does not support (use ngram)");
+      });
+    }
+    if (c.speculative.ngram_min > c.speculative.ngram_max && !failed_paths_.count("speculative.ngram.min") &&
+        !failed_paths_.count("speculative.ngram.max")) {
+      guard([&] {
+        fail_at_key("speculative.ngram.min", "must not exceed speculative.ngram.max (" +
+                                                 std::to_string(c.speculative.ngram_max) + ")");
       });
     }
     // bench draws every prompt before it starts.
@@ -439,6 +460,15 @@ class Validator {
     return {{"max_batch", integer(&s.max_batch, 1, kMaxBatch)},
             {"max_tokens_per_step", integer(&s.max_tokens_per_step, 1, kMaxStepTokens)},
             {"max_prefill_tokens_per_step", integer(&s.max_prefill_tokens_per_step, 0, kMaxStepTokens)}};
+  }
+
+  std::vector<Field> speculative_fields(SpeculativeSection& s) {
+    return {{"method", choice(&s.method, {"off", "ngram", "draft"})},
+            {"num_tokens", integer(&s.num_tokens, 1, kMaxDraftTokens)},
+            {"ngram", section({{"min", integer(&s.ngram_min, 1, kMaxDraftTokens)},
+                               {"max", integer(&s.ngram_max, 1, kMaxDraftTokens)}})},
+            {"model", non_empty_string(&s.model)},
+            {"max_batch", integer(&s.max_batch, 1, kMaxBatch)}};
   }
 
   std::vector<Field> sampling_fields(SamplingSection& s) {
@@ -1134,7 +1164,7 @@ std::vector<ConfigProblem> parse_collect(const std::string& yaml_text, const std
                        : source + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
     throw JobConfigError({whole_file_problem(
         where, mark.is_null() ? 0 : mark.line + 1, mark.is_null() ? 0 : mark.column + 1,
-        "expected a mapping of sections (model, runtime, parallel, cache, scheduler, sampling, "
+        "expected a mapping of sections (model, runtime, parallel, cache, scheduler, sampling, speculative, "
         "requests, workload, cluster) at the top level")});
   }
   std::vector<OverrideOrigin> origins;

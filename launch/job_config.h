@@ -71,6 +71,17 @@ struct SchedulerSection {
   int max_prefill_tokens_per_step = 0;  // 0: no separate limit while requests decode
 };
 
+// Speculative decoding (engine/speculative/ngram_proposer.h). `draft` (a draft model) is
+// refused by name: kvpipe drafts by prompt lookup only.
+struct SpeculativeSection {
+  std::string method = "off";       // off | ngram | draft
+  int num_tokens = 4;               // K: draft tokens verified per step at most
+  int ngram_min = 1;
+  int ngram_max = 4;
+  std::string model;                // a draft model (method draft)
+  int max_batch = 8;                // no drafts while more sequences than this run
+};
+
 struct SamplingSection {
   double temperature = 0.0;
   int top_k = 0;                    // 0 = off
@@ -172,6 +183,7 @@ struct JobConfig {
   CacheSection cache;
   SchedulerSection scheduler;
   SamplingSection sampling;
+  SpeculativeSection speculative;
   std::vector<RequestSpec> requests;
   WorkloadSection workload;
   ClusterSection cluster;

@@ -36,6 +36,11 @@ EngineOptions engine_options(const JobConfig& job, const JobPlan& plan) {
   eo.scheduler.window_sinks = job.cache.window_sinks;
   eo.scheduler.window_recent = job.cache.window_recent;
   eo.scheduler.full_sequences = plan.first_cached_layer > 0;
+  eo.scheduler.speculative.ngram = job.speculative.method == "ngram";
+  eo.scheduler.speculative.num_tokens = job.speculative.num_tokens;
+  eo.scheduler.speculative.ngram_min = job.speculative.ngram_min;
+  eo.scheduler.speculative.ngram_max = job.speculative.ngram_max;
+  eo.scheduler.speculative.max_batch = job.speculative.max_batch;
   return eo;
 }
 

@@ -69,6 +69,8 @@ struct Measured {
   std::vector<StepRecord> steps;
   PrefixCacheStats prefix;
   int64_t preemptions = 0, recomputed_tokens = 0, computed_tokens = 0, peak_blocks_used = 0;
+  int64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
+  std::vector<int64_t> spec_accepted_at;
   std::vector<OpTotal> top_ops;
   // Rank 0 over the measured phase: which attention path its layers took, how many steps its
   // CUDA graphs replayed (-1: no graphs), and a digest of every measured request's output.
@@ -182,6 +184,12 @@ void run_benchmark(CoordinatorContext& c, TraceRecorder& trace, const BenchOptio
   m.preemptions = ss.preemptions - sched_before.preemptions;
   m.recomputed_tokens = ss.recomputed_tokens - sched_before.recomputed_tokens;
   m.computed_tokens = ss.computed_tokens - sched_before.computed_tokens;
+  m.spec_drafts = ss.spec_drafts - sched_before.spec_drafts;
+  m.spec_draft_tokens = ss.spec_draft_tokens - sched_before.spec_draft_tokens;
+  m.spec_accepted_tokens = ss.spec_accepted_tokens - sched_before.spec_accepted_tokens;
+  m.spec_accepted_at = ss.spec_accepted_at;
+  for (size_t p = 0; p < sched_before.spec_accepted_at.size() && p < m.spec_accepted_at.size(); ++p)
+    m.spec_accepted_at[p] -= sched_before.spec_accepted_at[p];
   for (const StepRecord& s : m.steps) m.peak_blocks_used = std::max(m.peak_blocks_used, s.blocks_used);
   const EngineCounters counters = engine_counters(c.shard, c.graphs);
   for (size_t p = 0; p < 3; ++p) m.attention_calls[p] = counters.attention_calls[p] - counters_before.attention_calls[p];
@@ -294,13 +302,16 @@ ordered_json make_report(const ReportInputs& in) {
       {"scheduler", {{"max_batch", job.scheduler.max_batch}, {"max_tokens_per_step", job.scheduler.max_tokens_per_step},
                      {"max_prefill_tokens_per_step", job.scheduler.max_prefill_tokens_per_step}}},
       {"sampling", {{"temperature", job.sampling.temperature}, {"top_k", job.sampling.top_k},
-                    {"top_p", job.sampling.top_p}, {"seed", job.sampling.seed}}}};
+                    {"top_p", job.sampling.top_p}, {"seed", job.sampling.seed}}},
+      {"speculative", {{"method", job.speculative.method}, {"num_tokens", job.speculative.num_tokens},
+                       {"ngram", {{"min", job.speculative.ngram_min}, {"max", job.speculative.ngram_max}}},
+                       {"max_batch", job.speculative.max_batch}}}};
   report["workload"] = workload_json(w);
   report["stopped"] = m.stopped;
   report["requests"] = {{"completed", static_cast<int64_t>(m.rows.size())},
                         {"prompt_tokens", prompt_tokens},
                         {"output_tokens", output_tokens}};
-  report["duration_s"] = round6(duration_s);
+  report["duration_s"] = round3(duration_s);
   const double d = std::max(duration_s, 1e-9);
   report["throughput"] = {{"output_tokens_per_s", round3(output_tokens / d)},
                           {"total_tokens_per_s", round3((prompt_tokens + output_tokens) / d)},
@@ -392,6 +403,21 @@ ordered_json make_report(const ReportInputs& in) {
       {"preemptions", m.preemptions},
       {"recomputed_tokens", m.recomputed_tokens},
       {"computed_tokens", m.computed_tokens}};
+  // vLLM's figures: acceptance rate = accepted / draft tokens; mean accepted length = tokens
+  // a verifying step yields (the model's own token included) = 1 + accepted / drafts.
+  ordered_json accepted_at = ordered_json::array();
+  for (size_t p = 0; p < m.spec_accepted_at.size(); ++p)
+    accepted_at.push_back(m.spec_drafts > 0 ? round3(static_cast<double>(m.spec_accepted_at[p]) / m.spec_drafts) : 0.0);
+  report["speculative"] = {
+      {"method", job.speculative.method},
+      {"drafts", m.spec_drafts},
+      {"draft_tokens", m.spec_draft_tokens},
+      {"accepted_tokens", m.spec_accepted_tokens},
+      {"acceptance_rate",
+       m.spec_draft_tokens > 0 ? round3(static_cast<double>(m.spec_accepted_tokens) / m.spec_draft_tokens) : 0.0},
+      {"mean_accepted_length",
+       m.spec_drafts > 0 ? round3(1.0 + static_cast<double>(m.spec_accepted_tokens) / m.spec_drafts) : 0.0},
+      {"acceptance_rate_by_position", accepted_at}};
   ordered_json ops = ordered_json::array();
   for (const OpTotal& op : m.top_ops)
     ops.push_back({{"name", op.name}, {"calls", op.calls}, {"total_ms", round3(op.total_ms)}});

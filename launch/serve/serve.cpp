@@ -77,6 +77,10 @@ class ServeLoop : public RequestSource {
     g.prefix_queries = blocks.stats().lookup_tokens;
     g.prefix_hits = blocks.stats().hit_tokens;
     g.preemptions = sched.stats().preemptions;
+    g.spec_drafts = sched.stats().spec_drafts;
+    g.spec_draft_tokens = sched.stats().spec_draft_tokens;
+    g.spec_accepted_tokens = sched.stats().spec_accepted_tokens;
+    g.spec_accepted_at = sched.stats().spec_accepted_at;
     metrics_.set_gauges(g);
     engine.erase_finished();
   }

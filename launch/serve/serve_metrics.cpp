@@ -124,6 +124,16 @@ std::string ServeMetrics::render() const {
   counter("kvpipe:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", gauges_.prefix_queries);
   counter("kvpipe:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", gauges_.prefix_hits);
   counter("kvpipe:num_preemptions_total", "Requests preempted (they resume by recomputation).", gauges_.preemptions);
+  // vLLM's speculative-decoding counters, under kvpipe's prefix.
+  counter("kvpipe:spec_decode_num_drafts_total", "Speculative drafts verified.", gauges_.spec_drafts);
+  counter("kvpipe:spec_decode_num_draft_tokens_total", "Draft tokens verified.", gauges_.spec_draft_tokens);
+  counter("kvpipe:spec_decode_num_accepted_tokens_total", "Draft tokens accepted into outputs.",
+          gauges_.spec_accepted_tokens);
+  header(out, "kvpipe:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+         "Draft tokens accepted, by position in the draft (0 = the first).");
+  for (size_t p = 0; p < gauges_.spec_accepted_at.size(); ++p)
+    out += "kvpipe:spec_decode_num_accepted_tokens_per_pos_total{" + labels + ",position=\"" + std::to_string(p) +
+           "\"} " + std::to_string(gauges_.spec_accepted_at[p]) + "\n";
   counter("kvpipe:prompt_tokens_total", "Prompt tokens of the requests admitted.", prompt_tokens_);
   counter("kvpipe:generation_tokens_total", "Tokens generated.", generation_tokens_);
   header(out, "kvpipe:request_success_total", "counter", "Requests finished, by finish reason.");

@@ -45,6 +45,10 @@ class ServeMetrics {
     int64_t kv_blocks_used = 0, kv_blocks_total = 0;  // held by requests (cached free ones not counted)
     int64_t prefix_queries = 0, prefix_hits = 0;  // tokens looked up and found (cumulative)
     int64_t preemptions = 0;                      // cumulative
+    // Speculative decoding (cumulative): drafts verified, their tokens, the tokens kept, and
+    // per draft position how often it was kept.
+    int64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
+    std::vector<int64_t> spec_accepted_at;
   };
   void set_gauges(const Gauges& g);
 

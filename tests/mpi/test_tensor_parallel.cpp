@@ -16,6 +16,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvpipe {
@@ -172,6 +173,23 @@ TEST_F(TensorParallel, WindowAndCachedLayersMatchOneRank) {
   EXPECT_NE(one.outputs, reference_->outputs);
   const std::string reuse = "--set cache.cached_layers=2 --set parallel.layers=[2,2]";
   expect_same(generate(4, reuse + " --set parallel.tensor=2"), *reference_);
+}
+
+// Drafts verified in one step through every stage and tensor rank: the tokens and every
+// step's log-probabilities are those of the one-rank run without speculation.
+TEST_F(TensorParallel, SpeculativeDraftsThroughStagesAndTensorRanksMatchOneRank) {
+  const std::string spec = "--set speculative.method=ngram --set speculative.num_tokens=4";
+  for (const auto& [ranks, grid] : std::vector<std::pair<int, std::string>>{
+           {1, ""}, {2, " --set parallel.layers=[2,2]"}, {2, " --set parallel.tensor=2"}}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks" + grid);
+    const JobRun run = generate(ranks, spec + grid);
+    expect_same(run, *reference_);
+    const size_t at = run.result.err.find("speculative: ");
+    ASSERT_NE(at, std::string::npos) << run.result.err;
+    const std::string line = run.result.err.substr(at, run.result.err.find('\n', at) - at);
+    EXPECT_EQ(line.find(" 0 drafts"), std::string::npos) << line;
+    EXPECT_EQ(line.find(", 0 of "), std::string::npos) << "no draft token was accepted: " << line;
+  }
 }
 
 TEST_F(TensorParallel, TensorRankThatThrowsMidRunStopsTheJob) {

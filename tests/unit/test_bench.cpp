@@ -331,6 +331,33 @@ TEST_F(BenchRun, ReportHasEveryFieldAndConsistentNumbers) {
   EXPECT_EQ(pids, std::set<int>{0});
 }
 
+TEST_F(BenchRun, SpeculativeSectionCountsDraftsWithVllmMeanings) {
+  const CommandResult off = bench("off", "--set workload.requests=4 --set workload.output_len=24 --set workload.warmup=0 "
+                                             "--set workload.concurrency=1");
+  ASSERT_EQ(off.code, 0) << off.err;
+  EXPECT_EQ(report("off")["speculative"]["drafts"], 0);
+  const CommandResult r = bench("spec", "--set workload.requests=4 --set workload.output_len=24 --set workload.warmup=0 "
+                                        "--set workload.concurrency=1 "
+                                        "--set speculative.method=ngram --set speculative.num_tokens=4");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json rep = report("spec");
+  const json& s = rep["speculative"];
+  EXPECT_EQ(s["method"], "ngram");
+  EXPECT_EQ(rep["config"]["speculative"]["num_tokens"], 4);
+  EXPECT_EQ(rep["requests"]["output_tokens"], 4 * 24);  // never a token more than asked
+  const int64_t drafts = s["drafts"], drafted = s["draft_tokens"], accepted = s["accepted_tokens"];
+  EXPECT_GT(drafts, 0);
+  EXPECT_LE(drafted, 4 * drafts);
+  EXPECT_LE(accepted, drafted);
+  EXPECT_NEAR(s["acceptance_rate"].get<double>(), drafted ? double(accepted) / drafted : 0.0, 1e-3);
+  EXPECT_NEAR(s["mean_accepted_length"].get<double>(), 1.0 + double(accepted) / drafts, 1e-3);
+  const std::vector<double> by_position = s["acceptance_rate_by_position"];
+  EXPECT_LE(by_position.size(), 4u);
+  for (size_t p = 1; p < by_position.size(); ++p) EXPECT_LE(by_position[p], by_position[p - 1]);
+  // One request at a time (greedy, the same workload seed): the outputs of the run without.
+  EXPECT_EQ(rep["engine"]["output_digest"], report("off")["engine"]["output_digest"]);
+}
+
 TEST_F(BenchRun, OpenLoopPrefixReuseAndProfile) {
   const CommandResult r = bench("b", "--profile --set workload.requests=10 --set workload.rate=400 "
                                      "--set workload.prompt_len=64 --set workload.shared_prefix=0.75 "

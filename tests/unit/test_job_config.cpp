@@ -160,6 +160,19 @@ requests:
   EXPECT_EQ(config.requests[1].arrival_step, 0);
 }
 
+TEST(JobConfigParse, SpeculativeSection) {
+  const JobConfig defaults = parse(kMinimal);
+  EXPECT_EQ(defaults.speculative.method, "off");
+  EXPECT_EQ(defaults.speculative.num_tokens, 4);
+  const JobConfig c = parse(std::string(kMinimal) +
+                            "speculative: {method: ngram, num_tokens: 6, ngram: {min: 2, max: 3}, max_batch: 2}\n");
+  EXPECT_EQ(c.speculative.method, "ngram");
+  EXPECT_EQ(c.speculative.num_tokens, 6);
+  EXPECT_EQ(c.speculative.ngram_min, 2);
+  EXPECT_EQ(c.speculative.ngram_max, 3);
+  EXPECT_EQ(c.speculative.max_batch, 2);
+}
+
 TEST(JobConfigParse, GgufPathAndIntegerTemperature) {
   const JobConfig config =
       parse("model: {path: ./tiny.gguf, dtype: float16}\nsampling: {temperature: 1, top_p: 1}\n");
@@ -506,6 +519,21 @@ INSTANTIATE_TEST_SUITE_P(
         MalformedCase{"MessagesNotAList",
                       kModel + "requests:\n  - messages: hello\n",
                       {"job.yaml:4: ", "requests[0].messages", "list of messages"}},
+        MalformedCase{"SpeculativeDraftModelRefusedByName",
+                      kModel + "speculative: {method: draft}\n",
+                      {"job.yaml:3: ", "speculative.method", "draft", "not supported", "ngram"}},
+        MalformedCase{"SpeculativeModelWithoutDraftMethod",
+                      kModel + "speculative:\n  method: ngram\n  model: small.gguf\n",
+                      {"job.yaml:5: ", "speculative.model", "not support"}},
+        MalformedCase{"SpeculativeUnknownMethod",
+                      kModel + "speculative: {method: medusa}\n",
+                      {"job.yaml:3: ", "speculative.method", "ngram"}},
+        MalformedCase{"SpeculativeNgramMinAboveMax",
+                      kModel + "speculative:\n  method: ngram\n  ngram: {min: 5, max: 2}\n",
+                      {"job.yaml:5: ", "speculative.ngram.min", "must not exceed", "(2)"}},
+        MalformedCase{"SpeculativeZeroTokens",
+                      kModel + "speculative: {method: ngram, num_tokens: 0}\n",
+                      {"job.yaml:3: ", "speculative.num_tokens"}},
         MalformedCase{"StopNotStrings",
                       kModel + "sampling: {stop: [[1]]}\n",
                       {"job.yaml:3: ", "sampling.stop[0]", "expected a string"}},
