@@ -42,17 +42,17 @@ void redraw_processed_rows(const StepBatch& batch, const std::vector<Sequence*>&
     if (!out.logits.defined()) throw std::logic_error("a processed row came back without its logits");
     const int64_t vocab = out.logits.size(1);
     const float* base = out.logits.data_ptr<float>();
-    history = seqs[i]->tokens;
     for (int64_t r = 0; r < s.num_sampled; ++r) {
       const int64_t at = first + r;
       if (r > 0) {
         // Rows after the first one the draft missed are never kept (accepted_length).
         if (out.tokens[at - 1] != seqs[i]->draft.at(r - 1)) break;
+        if (r == 1) history = seqs[i]->tokens;
         history.push_back(seqs[i]->draft[r - 1]);
       }
       if (out.tokens[at] == kNonFiniteToken) continue;
       row.assign(base + at * vocab, base + (at + 1) * vocab);
-      apply_logits_processing(row.data(), vocab, request.processing, history,
+      apply_logits_processing(row.data(), vocab, request.processing, r == 0 ? seqs[i]->tokens : history,
                               static_cast<int64_t>(request.prompt.size()), stop_ids, request.max_new_tokens);
       out.tokens[at] = sample_token(row.data(), vocab, s.sampling, s.request_id, s.output_index + r);
     }
@@ -176,7 +176,6 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
         // A verified draft's rows decode too.
         const bool decoding = s.sample && s.output_index > 0 && s.num_new == s.num_sampled;
         (decoding ? f.record.decode_tokens : f.record.prompt_tokens) += s.num_new;
-        if (s.sample) f.record.draft_tokens += s.num_sampled - 1;
       }
       f.record.submitted = Clock::now();
       executor_.submit(f.batch);
@@ -204,7 +203,7 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
     f.record.done = Clock::now();
     // What each sequence keeps (accepted_length() of a verified draft), announced token by
     // token; a callback that ends its request (a stop string) cuts the rest.
-    std::vector<std::vector<int64_t>> kept(f.seqs.size());
+    std::vector<std::vector<int64_t>> kept = Scheduler::kept_tokens(f.batch, f.seqs, out);
     size_t row = 0;
     for (size_t i = 0; i < f.seqs.size(); ++i) {
       const SeqStep& s = f.batch.seqs[i];
@@ -212,28 +211,27 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
       const Sequence& seq = *f.seqs[i];
       const size_t first = row;
       row += static_cast<size_t>(s.num_sampled);
-      if (row > out.tokens.size()) throw std::logic_error("a micro-batch came back with fewer sampled rows than it computed");
-      const int64_t* rows = out.tokens.data() + first;
-      const int64_t n = accepted_length(seq.draft, rows, s.num_sampled);
-      for (int64_t r = 0; r < n; ++r) {
-        const int64_t token = rows[r];
-        kept[i].push_back(token);
+      std::vector<int64_t>& tokens = kept[i];
+      for (size_t r = 0; r < tokens.size(); ++r) {
+        const int64_t token = tokens[r];
         // A failed row is no token: the request ends with its error (on_finished, results()).
-        if (token == kNonFiniteToken) break;
-        if (on_token) {
+        const bool eos = std::find(model_.eos_token_ids.begin(), model_.eos_token_ids.end(), token) !=
+                         model_.eos_token_ids.end();
+        if (token != kNonFiniteToken && on_token) {
           TokenEvent ev;
           ev.request_id = s.request_id;
-          ev.index = s.output_index + r;
+          ev.index = s.output_index + static_cast<int64_t>(r);
           ev.token = token;
           if (out.logits.defined()) {
             ev.vocab = out.logits.size(1);
-            ev.logits = out.logits.data_ptr<float>() + (first + static_cast<size_t>(r)) * ev.vocab;
+            ev.logits = out.logits.data_ptr<float>() + (first + r) * ev.vocab;
           }
           on_token(ev);
         }
-        const bool eos = !seq.request.ignore_eos && std::find(model_.eos_token_ids.begin(), model_.eos_token_ids.end(),
-                                                              token) != model_.eos_token_ids.end();
-        if (!seq.finish_requested.empty() || eos || s.output_index + r + 1 >= seq.request.max_new_tokens) break;
+        if (token == kNonFiniteToken || !seq.finish_requested.empty() || (eos && !seq.request.ignore_eos)) {
+          tokens.resize(r + 1);
+          break;
+        }
       }
     }
     scheduler_.update(f.batch, f.seqs, kept, model_.eos_token_ids);

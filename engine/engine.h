@@ -133,7 +133,6 @@ struct StepRecord {
   int64_t sequences = 0;
   int64_t prompt_tokens = 0;          // prompt chunks, and tokens recomputed after preemption
   int64_t decode_tokens = 0;          // one per sequence decoding its next token (and its draft's)
-  int64_t draft_tokens = 0;           // speculative draft tokens verified (in decode_tokens)
   int64_t blocks_used = 0;            // KV blocks in use once its tokens were appended
 
   // End-to-end latency: submitted -> tokens back.

@@ -266,6 +266,12 @@ StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences, i
 
 void Scheduler::update(const StepBatch& computed, const std::vector<Sequence*>& sequences,
                        const StepOutput& output, const std::vector<int64_t>& eos_ids) {
+  update(computed, sequences, kept_tokens(computed, sequences, output), eos_ids);
+}
+
+std::vector<std::vector<int64_t>> Scheduler::kept_tokens(const StepBatch& computed,
+                                                         const std::vector<Sequence*>& sequences,
+                                                         const StepOutput& output) {
   std::vector<std::vector<int64_t>> kept(sequences.size());
   size_t row = 0;
   for (size_t i = 0; i < sequences.size(); ++i) {
@@ -277,7 +283,7 @@ void Scheduler::update(const StepBatch& computed, const std::vector<Sequence*>& 
     row += st.num_sampled;
     kept[i].assign(rows, rows + accepted_length(sequences[i]->draft, rows, st.num_sampled));
   }
-  update(computed, sequences, kept, eos_ids);
+  return kept;
 }
 
 void Scheduler::finish_now(Sequence& s, const std::string& reason) {

@@ -128,6 +128,12 @@ class Scheduler {
   void update(const StepBatch& computed, const std::vector<Sequence*>& sequences,
               const StepOutput& output, const std::vector<int64_t>& eos_ids);
 
+  // What each sequence of `computed` keeps of `output`'s sampled rows: accepted_length() of
+  // them (one token where no draft was verified); empty for a sequence that sampled nothing.
+  static std::vector<std::vector<int64_t>> kept_tokens(const StepBatch& computed,
+                                                       const std::vector<Sequence*>& sequences,
+                                                       const StepOutput& output);
+
   // The same with the tokens each sequence keeps already chosen (`kept[i]` for sequences[i]:
   // empty for a sequence that sampled nothing, else at most its sampled rows, a prefix of what
   // accepted_length() keeps; the caller may cut it short after a token whose callback asked
