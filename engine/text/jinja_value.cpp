@@ -740,8 +740,9 @@ Value py_binary(const std::string& op, const Value& a, const Value& b) {
     const Value* seq = a.is_number() ? &b : &a;
     const Value* count = a.is_number() ? &a : &b;
     if (!count->is_integral() || !(seq->is_string() || seq->is_list())) return unsupported();
-    const int64_t n = std::max<int64_t>(count->as_int(), 0);
     const size_t unit = seq->is_string() ? seq->s.size() : seq->list->size();
+    // An empty sequence repeated stays empty, however large the count: no loop over it.
+    const int64_t n = unit == 0 ? 0 : std::max<int64_t>(count->as_int(), 0);
     // Checked before building, as the product may not fit memory or even size_t.
     if (unit != 0 && static_cast<uint64_t>(n) > (seq->is_string() ? kMaxStringBytes : kMaxListItems) / unit) {
       if (seq->is_string()) check_string_size(SIZE_MAX);
