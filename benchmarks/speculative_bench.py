@@ -12,7 +12,9 @@ speculation. Ratios are medians of per-run ratios against `off` of the same run.
 
     benchmarks/speculative_bench.py [--kvpipe build/release/launch/kvpipe]
         [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--runs 3] [--threads 1]
-        [--tokens 2,4,8] [--sets copy,chat]
+        [--tokens 2,4,8] [--sets copy,chat] [--draft DRAFT.gguf] [--methods ngram,draft]
+
+With --draft, speculative.method draft with that draft model is measured too (the same K).
 """
 import argparse
 import json
@@ -38,10 +40,12 @@ def job_text(model, threads, prompts_file):
             "sampling: {temperature: 0.0}\n" + requests)
 
 
-def run(kvpipe, job, method, k):
+def run(kvpipe, job, method, k, draft=None):
     cmd = [kvpipe, "generate", "--config", job, "--set", f"speculative.method={method}"]
     if method != "off":
         cmd += ["--set", f"speculative.num_tokens={k}"]
+    if method == "draft":
+        cmd += ["--set", f"speculative.model={draft}"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         sys.exit(f"speculative_bench: {' '.join(cmd)} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
@@ -66,10 +70,14 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tokens", default="2,4,8", help="draft lengths K to measure")
     ap.add_argument("--sets", default="copy,chat")
+    ap.add_argument("--draft", help="a draft model for speculative.method draft")
+    ap.add_argument("--methods", default="ngram,draft", help="methods to measure besides off")
     a = ap.parse_args()
     ks = [int(k) for k in a.tokens.split(",")]
-    configs = [("off", 0)] + [("ngram", k) for k in ks]
-    print(f"# speculative_bench: {a.model}, {a.threads} thread(s), {a.runs} runs, batch 1, greedy\n")
+    methods = [m for m in a.methods.split(",") if m != "draft" or a.draft]
+    configs = [("off", 0)] + [(m, k) for m in methods for k in ks]
+    print(f"# speculative_bench: {a.model}, {a.threads} thread(s), {a.runs} runs, batch 1, greedy"
+          + (f", draft model {a.draft}" if a.draft else "") + "\n")
     print("| prompts | method | K | decode tok/s | ratio | e2e tok/s | ratio | acceptance | mean accepted length |"
           " outputs equal off |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -81,7 +89,7 @@ def main():
             results = {c: [] for c in configs}
             for _ in range(a.runs):
                 for c in configs:
-                    results[c].append(run(a.kvpipe, job, *c))
+                    results[c].append(run(a.kvpipe, job, *c, draft=a.draft))
             base = results[("off", 0)]
             for c in configs:
                 rs = results[c]

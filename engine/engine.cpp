@@ -4,6 +4,7 @@
 #include "engine/logits_processor.h"
 #include "engine/sampler.h"
 #include "engine/speculative/ngram_proposer.h"
+#include "engine/speculative/rejection_sampler.h"
 
 #include <ATen/ATen.h>
 
@@ -37,7 +38,9 @@ void redraw_processed_rows(const StepBatch& batch, const std::vector<Sequence*>&
     const int64_t first = k;
     k += s.num_sampled;
     const Request& request = seqs[i]->request;
-    if (!request.processing.active()) continue;
+    // A draft model's sampled draft is verified by rejection (verify_sampled_drafts), which
+    // processes its rows itself.
+    if (!request.processing.active() || !seqs[i]->draft_probs.empty()) continue;
     // The batch asked for them (Engine::run): a step without them would drop the processing.
     if (!out.logits.defined()) throw std::logic_error("a processed row came back without its logits");
     const int64_t vocab = out.logits.size(1);
@@ -55,6 +58,51 @@ void redraw_processed_rows(const StepBatch& batch, const std::vector<Sequence*>&
       apply_logits_processing(row.data(), vocab, request.processing, r == 0 ? seqs[i]->tokens : history,
                               static_cast<int64_t>(request.prompt.size()), stop_ids, request.max_new_tokens);
       out.tokens[at] = sample_token(row.data(), vocab, s.sampling, s.request_id, s.output_index + r);
+    }
+  }
+}
+
+// A sampled request's draft from a draft model, whose tokens were drawn from q (not one-hot):
+// row r keeps the draft token with probability min(1, p/q), else takes a draw from the
+// residual and ends the run (engine/speculative/rejection_sampler.h). p is the row's
+// distribution after the request's logits processing and sampling parameters. Rows after
+// the whole draft keep the model's own draw.
+void verify_sampled_drafts(const StepBatch& batch, const std::vector<Sequence*>& seqs, StepOutput& out,
+                           const std::vector<int64_t>& stop_ids) {
+  std::vector<float> row;
+  int64_t k = 0;
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const SeqStep& s = batch.seqs[i];
+    if (!s.sample) continue;
+    const int64_t first = k;
+    k += s.num_sampled;
+    const Sequence& seq = *seqs[i];
+    if (seq.draft_probs.empty()) continue;
+    if (!out.logits.defined()) throw std::logic_error("a sampled draft came back without its logits");
+    const int64_t vocab = out.logits.size(1);
+    const float* base = out.logits.data_ptr<float>();
+    const Request& request = seq.request;
+    std::vector<int64_t> history = seq.tokens;
+    for (int64_t r = 0; r < s.num_sampled; ++r) {
+      const int64_t at = first + r;
+      row.assign(base + at * vocab, base + (at + 1) * vocab);
+      if (!logits_usable(row.data(), vocab)) {
+        out.tokens[at] = kNonFiniteToken;
+        break;
+      }
+      if (request.processing.active())
+        apply_logits_processing(row.data(), vocab, request.processing, history,
+                                static_cast<int64_t>(request.prompt.size()), stop_ids, request.max_new_tokens);
+      if (r == static_cast<int64_t>(seq.draft.size())) {
+        out.tokens[at] = sample_token(row.data(), vocab, s.sampling, s.request_id, s.output_index + r);
+        break;
+      }
+      const Candidates p = sampling_candidates(row.data(), vocab, s.sampling);
+      const VerifiedToken v =
+          verify_draft_token(p, seq.draft_probs.at(r), seq.draft[r], s.sampling, s.request_id, s.output_index + r);
+      out.tokens[at] = v.token;
+      if (!v.accepted) break;  // the residual never holds the draft token: the run ends here
+      history.push_back(v.token);
     }
   }
 }
@@ -168,7 +216,8 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
       if (f.batch.seqs.empty()) break;
       ++step;
       f.batch.want_logits = options_.keep_logits || std::any_of(f.seqs.begin(), f.seqs.end(), [](const Sequence* s) {
-                              return s->request.want_logits || s->request.processing.active();
+                              return s->request.want_logits || s->request.processing.active() ||
+                                     !s->draft_probs.empty();
                             });
       f.record.micro_batch = submitted_++;
       f.record.sequences = static_cast<int64_t>(f.batch.seqs.size());
@@ -198,6 +247,7 @@ void Engine::run(const std::function<void(const TokenEvent&)>& on_token) {
     InFlight f = std::move(flight.front());
     flight.pop_front();
     redraw_processed_rows(f.batch, f.seqs, out, model_.eos_token_ids);
+    verify_sampled_drafts(f.batch, f.seqs, out, model_.eos_token_ids);
     // The tokens are host values here, so the work that produced them has finished on
     // whatever device ran it: this clock reading is the end-to-end step latency.
     f.record.done = Clock::now();

@@ -1,5 +1,7 @@
 #include "engine/scheduler.h"
 
+#include "engine/speculative/draft_proposer.h"
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -143,9 +145,21 @@ std::vector<int64_t> Scheduler::draft_for(Sequence& seq, int64_t budget) {
     seq.spec_gate.step_without_draft();
     return {};
   }
-  std::vector<int64_t> draft = propose_ngram(seq.tokens, o.ngram_min, o.ngram_max, seq.spec_gate.length(k));
-  // Blocks for the draft only where they are free: it must never preempt anyone.
+  std::vector<int64_t> draft;
+  seq.draft_probs.clear();
+  // Blocks for the draft only where they are free: it must never preempt anyone. A draft
+  // model's pass is paid only once they are.
+  if (o.draft_model != nullptr) {
+    if (!grow(seq, len + seq.spec_gate.length(k))) return {};
+    DraftTokens d = o.draft_model->propose(seq.request.id, seq.tokens, seq.spec_gate.length(k),
+                                           seq.request.sampling, seq.num_output());
+    draft = std::move(d.tokens);
+    seq.draft_probs = std::move(d.probs);
+  } else {
+    draft = propose_ngram(seq.tokens, o.ngram_min, o.ngram_max, seq.spec_gate.length(k));
+  }
   if (!draft.empty() && !grow(seq, len + static_cast<int64_t>(draft.size()))) draft.clear();
+  if (draft.empty()) seq.draft_probs.clear();
   return draft;
 }
 
@@ -250,6 +264,7 @@ StepBatch Scheduler::schedule(int64_t step, std::vector<Sequence*>& sequences, i
          static_cast<int64_t>(batch.seqs.size()) < seats) {
     Sequence& s = *waiting_.front();
     s.draft.clear();
+    s.draft_probs.clear();
     admit_prefix(s);
     const int64_t n = chunk_of(s, is_prefill(s) ? std::min(budget, prefill_budget) : budget);
     if (!grow(s, s.num_computed + n)) {
@@ -288,6 +303,7 @@ std::vector<std::vector<int64_t>> Scheduler::kept_tokens(const StepBatch& comput
 
 void Scheduler::finish_now(Sequence& s, const std::string& reason) {
   s.finish_reason = reason;
+  if (options_.speculative.draft_model != nullptr) options_.speculative.draft_model->forget(s.request.id);
   ++finished_;
   release(s);
   running_.erase(std::find(running_.begin(), running_.end(), &s));
@@ -314,6 +330,7 @@ void Scheduler::update(const StepBatch& computed, const std::vector<Sequence*>& 
                              " sampled tokens");
     const std::vector<int64_t> draft = std::move(s.draft);
     s.draft.clear();
+    s.draft_probs.clear();
     // Positions before the sampled rows, and those of the rows whose tokens are kept (row r
     // was computed from the draft's first r tokens): their K/V is what the model alone writes.
     const int64_t computed_now = st.context_len + st.num_new - st.num_sampled + static_cast<int64_t>(tokens.size());
@@ -374,6 +391,7 @@ bool Scheduler::finish(int64_t request_id, const std::string& reason) {
     return true;
   }
   s.finish_reason = reason;
+  if (options_.speculative.draft_model != nullptr) options_.speculative.draft_model->forget(s.request.id);
   ++finished_;
   release(s);
   for (auto* list : {&pending_, &running_}) {

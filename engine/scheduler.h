@@ -18,6 +18,7 @@
 
 #include "cache/block_manager.h"
 #include "engine/logits_processor.h"
+#include "engine/sampler.h"
 #include "engine/speculative/ngram_proposer.h"
 #include "engine/step_batch.h"
 
@@ -65,6 +66,9 @@ struct Sequence {
   // Speculative decoding (engine/speculative/ngram_proposer.h): the draft its micro-batch in
   // flight verifies, and what its drafts have given so far.
   std::vector<int64_t> draft;
+  // A draft model's distribution of each draft token, for a sampled request (empty otherwise:
+  // a token is then kept while it equals the model's own draw).
+  std::vector<Candidates> draft_probs;
   int64_t spec_drafts = 0;          // steps that verified a draft
   int64_t spec_draft_tokens = 0;    // draft tokens verified
   int64_t spec_accepted_tokens = 0; // draft tokens kept in the output

@@ -146,8 +146,8 @@ std::string dump_line(const ordered_json& j) {
 // Rank 0: schedules, runs stage 0 (or the whole model), writes each result as it finishes.
 void run_coordinator(const JobConfig& job, const JobPlan& plan, const ModelText& text,
                      const std::vector<Request>& requests, const ModelShard& shard, StepExecutor& executor,
-                     GenerateOutputs& outputs) {
-  EngineOptions eo = engine_options(job, plan);
+                     DraftProposer* draft_model, GenerateOutputs& outputs) {
+  EngineOptions eo = engine_options(job, plan, draft_model);
   eo.keep_logits = outputs.logprobs.has_value();
   eo.should_stop = [] { return stop_requested(); };
   const Tokenizer* tokenizer = text.tokenizer();
@@ -282,7 +282,7 @@ void generate(const GenerateOptions& o, World& world) {
       outputs->logprobs = LineOutput::open_file(o.logprobs_out, "--logprobs-out", "log-probabilities");
   }
   const JobOutcome outcome = run_job(job, plan, world, nullptr, [&](CoordinatorContext& c) {
-    run_coordinator(c.job, c.plan, text, requests, c.shard, c.executor, *outputs);
+    run_coordinator(c.job, c.plan, text, requests, c.shard, c.executor, c.draft_model, *outputs);
   });
   for (size_t r = 0; r < outcome.times.size(); ++r) {
     const RankTimes& t = outcome.times[r];

@@ -385,16 +385,18 @@ class Validator {
                         "means no window)");
       });
     }
-    if (c.speculative.method == "draft" && !failed_paths_.count("speculative.method")) {
+    if (c.speculative.method == "draft" && c.speculative.model.empty() && !failed_paths_.count("speculative.method") &&
+        !failed_paths_.count("speculative.model")) {
       guard([&] {
-        fail_at_key("speculative.method",
-                    "draft (a draft model) is not supported: kvpipe drafts by prompt lookup (ngram) only");
+        fail_at_key("speculative.method", "draft needs speculative.model: the draft model's file (with the "
+                                          "vocabulary of model.path)");
       });
     }
-    if (!c.speculative.model.empty() && !failed_paths_.count("speculative.model")) {
+    if (!c.speculative.model.empty() && c.speculative.method != "draft" && !failed_paths_.count("speculative.model") &&
+        !failed_paths_.count("speculative.method")) {
       guard([&] {
-        fail_at_key("speculative.model",
-                    "a draft model is read only by method draft, which kvpipe does not support (use ngram)");
+        fail_at_key("speculative.model", "a draft model is read only by method draft (method is " +
+                                             c.speculative.method + ")");
       });
     }
     if (c.speculative.ngram_min > c.speculative.ngram_max && !failed_paths_.count("speculative.ngram.min") &&

@@ -71,8 +71,8 @@ struct SchedulerSection {
   int max_prefill_tokens_per_step = 0;  // 0: no separate limit while requests decode
 };
 
-// Speculative decoding (engine/speculative/ngram_proposer.h). `draft` (a draft model) is
-// refused by name: kvpipe drafts by prompt lookup only.
+// Speculative decoding: prompt lookup (ngram, engine/speculative/ngram_proposer.h) or a draft
+// model with the target's vocabulary on the coordinator's rank (draft, engine/speculative/draft_model.h).
 struct SpeculativeSection {
   std::string method = "off";       // off | ngram | draft
   int num_tokens = 4;               // K: draft tokens verified per step at most

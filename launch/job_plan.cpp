@@ -6,6 +6,8 @@
 #include "launch/model_text.h"
 #include "parallel/communicator.h"
 
+#include <nlohmann/json.hpp>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -144,6 +146,40 @@ namespace {
 
 }  // namespace
 
+ModelConfig check_draft_model(const JobConfig& job, const ModelConfig& target) {
+  const std::string& draft_path = job.speculative.model;
+  const std::string key = at_key(job, "speculative.model");
+  ModelConfig draft;
+  try {
+    draft = load_model_config(draft_path);
+    check_model_tensors(draft_path, draft);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(key + ": " + e.what());
+  }
+  const std::string both = draft_path + " and " + job.model.path;
+  if (draft.vocab_size != target.vocab_size)
+    throw std::invalid_argument(key + ": the vocabularies of " + both + " differ: " + std::to_string(draft.vocab_size) +
+                                " tokens against " + std::to_string(target.vocab_size));
+  // Where both carry a tokenizer, every id must stand for the same piece.
+  const std::unique_ptr<Tokenizer> a = Tokenizer::load(draft_path);
+  const std::unique_ptr<Tokenizer> b = Tokenizer::load(job.model.path);
+  if ((a == nullptr) != (b == nullptr))
+    throw std::invalid_argument(key + ": the vocabularies of " + both + " differ: only " +
+                                (a ? draft_path : job.model.path) + " carries a tokenizer");
+  if (a != nullptr) {
+    if (a->vocab_size() != b->vocab_size())
+      throw std::invalid_argument(key + ": the vocabularies of " + both + " differ: tokenizers of " +
+                                  std::to_string(a->vocab_size()) + " and " + std::to_string(b->vocab_size()) +
+                                  " tokens");
+    for (int64_t id = 0; id < a->vocab_size(); ++id)
+      if (a->piece(id) != b->piece(id))
+        throw std::invalid_argument(key + ": the vocabularies of " + both + " differ: token " + std::to_string(id) +
+                                    " is " + nlohmann::json(a->piece(id)).dump() + " against " +
+                                    nlohmann::json(b->piece(id)).dump());
+  }
+  return draft;
+}
+
 ModelConfig load_job_model_config(const JobConfig& job) {
   try {
     return load_model_config(job.model.path);
@@ -164,6 +200,7 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
                                 std::to_string(cores) + " CPUs of this machine (at most " +
                                 std::to_string(4 * cores) + ")");
   plan.model = load_job_model_config(job);
+  if (job.speculative.method == "draft") plan.draft_model = check_draft_model(job, plan.model);
   // Every tensor the ranks will load, from the file's index: a file the load would refuse is
   // refused here, by validate as by generate, before any rank reads a weight.
   try {
@@ -339,6 +376,13 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
   // The scheduler's own admission rule over this pool (windows and chunked prefill included).
   plan.longest_request =
       Scheduler(engine_options(job, plan).scheduler, plan.partition.num_blocks).max_request_tokens();
+  if (job.speculative.method == "draft") {
+    // Room for speculative.max_batch requests at their longest, never more blocks than the
+    // model's own pool (a draft model is smaller: its blocks are too).
+    const int64_t tokens = std::min(plan.longest_request, plan.draft_model.max_position) + job.speculative.num_tokens;
+    plan.draft_blocks = std::min(plan.partition.num_blocks,
+                                 (tokens + plan.block_size - 1) / plan.block_size * int64_t{job.speculative.max_batch});
+  }
   return plan;
 }
 

@@ -46,12 +46,20 @@ struct JobPlan {
   // Prompt + output tokens of the longest request one sequence's KV blocks can hold in the
   // pool (at most the model's context; the scheduler's admission rule).
   int64_t longest_request = 0;
+  // speculative.method draft: the draft model's shape (its vocabulary checked against the
+  // model's), and the blocks of its own KV pool on rank 0.
+  ModelConfig draft_model;
+  int64_t draft_blocks = 0;
 };
 
 JobPlan plan_job(const JobConfig& job, int world_size);
 
 // The shape of the job's model.path (its config only); errors name the key that pointed there.
 ModelConfig load_job_model_config(const JobConfig& job);
+
+// The shape of speculative.model, refused (naming the key and both files) unless it shares
+// `target`'s vocabulary: as many tokens, and where both carry a tokenizer, the same pieces.
+ModelConfig check_draft_model(const JobConfig& job, const ModelConfig& target);
 
 // The plan as log lines: the split, each rank's weight and KV bytes, the common block count,
 // the largest number of tokens all running sequences can hold together, and the longest

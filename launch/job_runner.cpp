@@ -8,6 +8,7 @@
 #include "engine/kernels/cpu/thread_pool.h"
 #include "engine/model/model_weights.h"
 #include "engine/pipeline_executor.h"
+#include "engine/speculative/draft_model.h"
 #include "launch/device_plan.h"
 #include "launch/log.h"
 #include "parallel/communicator.h"
@@ -25,7 +26,7 @@
 
 namespace kvpipe {
 
-EngineOptions engine_options(const JobConfig& job, const JobPlan& plan) {
+EngineOptions engine_options(const JobConfig& job, const JobPlan& plan, DraftProposer* draft_model) {
   EngineOptions eo;
   eo.scheduler.block_size = plan.block_size;
   eo.scheduler.max_batch = job.scheduler.max_batch;
@@ -41,6 +42,7 @@ EngineOptions engine_options(const JobConfig& job, const JobPlan& plan) {
   eo.scheduler.speculative.ngram_min = job.speculative.ngram_min;
   eo.scheduler.speculative.ngram_max = job.speculative.ngram_max;
   eo.scheduler.speculative.max_batch = job.speculative.max_batch;
+  if (job.speculative.method == "draft") eo.scheduler.speculative.draft_model = draft_model;
   return eo;
 }
 
@@ -195,12 +197,26 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
     }
   } gpu_peak_log{device, resident_bytes};
 
+  // The draft model computes on the coordinator, beside stage 0, with a pool of its own.
+  std::unique_ptr<DraftModel> draft_model;
+  if (world.is_coordinator() && job.speculative.method == "draft") {
+    WeightSelection every_layer;
+    every_layer.layers = {0, plan.draft_model.num_layers};
+    every_layer.embedding = every_layer.head = true;
+    draft_model = std::make_unique<DraftModel>(
+        load_weights(job.speculative.model, plan.draft_model, every_layer, plan.dtype, device), plan.draft_blocks,
+        plan.block_size);
+    log_printf(LogLevel::kInfo, "draft model %s on rank 0: %.1f MiB of weights, %lld KV blocks (%.1f MiB)",
+               job.speculative.model.c_str(), double(draft_model->shard().weights().bytes()) / double(1 << 20),
+               static_cast<long long>(plan.draft_blocks), double(draft_model->pool().bytes()) / double(1 << 20));
+  }
+
   JobOutcome outcome;
   if (world.size() == 1) {
     outcome.backend = "local";
     if (trace) trace->start(world);
     LocalExecutor executor(shard, pool, trace, graphs.get());
-    CoordinatorContext ctx{job, plan, shard, executor, world, graphs.get()};
+    CoordinatorContext ctx{job, plan, shard, executor, world, graphs.get(), draft_model.get()};
     coordinator(ctx);
     log_engine_counters(shard, graphs.get());
     if (trace) outcome.traces = trace->gather(world);
@@ -218,7 +234,7 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
   else channel.start_on_first_message();
   if (world.is_coordinator()) {
     PipelineExecutor executor(shard, pool, channel, grid, micro_batches, graphs.get(), group.get());
-    CoordinatorContext ctx{job, plan, shard, executor, world, graphs.get()};
+    CoordinatorContext ctx{job, plan, shard, executor, world, graphs.get(), draft_model.get()};
     coordinator(ctx);
     executor.shutdown();
   } else {

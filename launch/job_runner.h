@@ -11,6 +11,7 @@
 #pragma once
 
 #include "engine/engine.h"
+#include "engine/speculative/draft_proposer.h"
 #include "launch/job_config.h"
 #include "launch/job_plan.h"
 #include "parallel/pipeline_channel.h"
@@ -31,6 +32,7 @@ struct CoordinatorContext {
   StepExecutor& executor;
   const World& world;
   const DecodeGraphs* graphs = nullptr;  // rank 0's, when runtime.cuda_graphs made them
+  DraftProposer* draft_model = nullptr;  // speculative.method draft: the draft model
 };
 
 // What rank `shard`'s steps ran on: attention calls of its cached layers by path, and the
@@ -56,7 +58,8 @@ struct JobOutcome {
 JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, TraceRecorder* trace,
                    const std::function<void(CoordinatorContext&)>& coordinator);
 
-// Engine options of the job: scheduler limits, cache policies and the context length.
-EngineOptions engine_options(const JobConfig& job, const JobPlan& plan);
+// Engine options of the job: scheduler limits, cache policies, the context length, and the
+// speculative section (with `draft_model`, the coordinator's draft model when it has one).
+EngineOptions engine_options(const JobConfig& job, const JobPlan& plan, DraftProposer* draft_model = nullptr);
 
 }  // namespace kvpipe

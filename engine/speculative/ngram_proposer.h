@@ -18,15 +18,19 @@
 
 namespace kvpipe {
 
+class DraftProposer;
+
 struct SpeculativeOptions {
   bool ngram = false;         // prompt-lookup drafts (method: ngram); off otherwise
+  // Drafts from a draft model (method: draft) instead (not owned): engine/speculative/draft_model.h.
+  DraftProposer* draft_model = nullptr;
   int64_t num_tokens = 4;     // K: the most draft tokens verified per step
   int64_t ngram_min = 1;
   int64_t ngram_max = 4;
   // Above this many running sequences nothing is drafted: a busy batch gains little from
   // verification and pays its extra tokens.
   int64_t max_batch = 8;
-  bool enabled() const { return ngram && num_tokens > 0; }
+  bool enabled() const { return (ngram || draft_model != nullptr) && num_tokens > 0; }
 };
 
 // Up to `k` tokens that follow the most recent earlier occurrence of the last n tokens of

@@ -118,7 +118,7 @@ std::vector<Request> to_requests(const std::vector<WorkloadRequest>& drawn, int6
 void run_benchmark(CoordinatorContext& c, TraceRecorder& trace, const BenchOptions& o, Measured& m) {
   const JobConfig& job = c.job;
   const WorkloadSection& w = job.workload;
-  EngineOptions eo = engine_options(job, c.plan);
+  EngineOptions eo = engine_options(job, c.plan, c.draft_model);
   eo.should_stop = [] { return stop_requested(); };
   eo.trace = &trace;
   Engine engine(c.executor, c.plan.model, c.plan.partition.num_blocks, eo);
@@ -305,7 +305,8 @@ ordered_json make_report(const ReportInputs& in) {
                     {"top_p", job.sampling.top_p}, {"seed", job.sampling.seed}}},
       {"speculative", {{"method", job.speculative.method}, {"num_tokens", job.speculative.num_tokens},
                        {"ngram", {{"min", job.speculative.ngram_min}, {"max", job.speculative.ngram_max}}},
-                       {"max_batch", job.speculative.max_batch}}}};
+                       {"max_batch", job.speculative.max_batch},
+                       {"model", job.speculative.model.empty() ? ordered_json() : ordered_json(job.speculative.model)}}}};
   report["workload"] = workload_json(w);
   report["stopped"] = m.stopped;
   report["requests"] = {{"completed", static_cast<int64_t>(m.rows.size())},

@@ -294,7 +294,7 @@ void serve(const ServeOptions& o, World& world) {
                static_cast<long long>(served.max_model_len()));
   }
   run_job(job, plan, world, nullptr, [&](CoordinatorContext& c) {
-    EngineOptions eo = engine_options(c.job, c.plan);
+    EngineOptions eo = engine_options(c.job, c.plan, c.draft_model);
     ModelConfig model = c.plan.model;
     if (const Tokenizer* tokenizer = text->tokenizer())
       for (int64_t id : tokenizer->eos_ids())

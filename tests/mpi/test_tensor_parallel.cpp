@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -41,7 +42,11 @@ class TensorParallel : public ::testing::Test {
           "--out " + (*dir_ / "qwen2").string() + " --architecture Qwen2ForCausalLM --tie-embeddings" + shape,
           // 6 heads: T = 4 cannot split them.
           "--out " + (*dir_ / "six_heads").string() +
-              " --hidden 48 --layers 2 --heads 6 --kv-heads 2 --intermediate 64 --vocab 64 --max-position 64"}) {
+              " --hidden 48 --layers 2 --heads 6 --kv-heads 2 --intermediate 64 --vocab 64 --max-position 64",
+          // A draft model: the vocabulary of the others, another shape, other weights.
+          "--out " + (*dir_ / "draft").string() +
+              " --hidden 32 --layers 2 --heads 4 --kv-heads 2 --intermediate 48 --vocab 128 --max-position 256"
+              " --seed 8"}) {
       const CommandResult r = kvpipe::testing::run_command(std::string(KVPIPE_BINARY) + " init-model " + args, *dir_);
       ASSERT_EQ(r.code, 0) << r.err;
     }
@@ -190,6 +195,45 @@ TEST_F(TensorParallel, SpeculativeDraftsThroughStagesAndTensorRanksMatchOneRank)
     EXPECT_EQ(line.find(" 0 drafts"), std::string::npos) << line;
     EXPECT_EQ(line.find(", 0 of "), std::string::npos) << "no draft token was accepted: " << line;
   }
+}
+
+// generate's "speculative: D drafts, A of T draft tokens accepted" as {D, A, T}.
+std::vector<long long> speculative_counts(const JobRun& run) {
+  const size_t at = run.result.err.find("speculative: ");
+  if (at == std::string::npos) return {};
+  long long d = 0, a = 0, t = 0;
+  if (std::sscanf(run.result.err.c_str() + at, "speculative: %lld drafts, %lld of %lld", &d, &a, &t) != 3) return {};
+  return {d, a, t};
+}
+
+// A draft model on rank 0 beside stage 0, through stages and tensor ranks: the tokens and
+// log-probabilities are the one-rank run's without speculation. The target as its own draft
+// has every draft token kept; a random draft of another shape has most rejected.
+TEST_F(TensorParallel, DraftModelOnTheCoordinatorMatchesOneRankThroughStagesAndTensorRanks) {
+  const std::string draft = "--set speculative.method=draft --set speculative.num_tokens=3 --set speculative.model=";
+  for (const auto& [ranks, grid] : std::vector<std::pair<int, std::string>>{
+           {1, ""}, {2, " --set parallel.layers=[2,2]"}, {2, " --set parallel.tensor=2"}}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks" + grid);
+    const JobRun run = generate(ranks, draft + (*dir_ / "hf").string() + grid);
+    expect_same(run, *reference_);
+    const std::vector<long long> c = speculative_counts(run);
+    ASSERT_EQ(c.size(), 3u) << run.result.err;
+    EXPECT_GT(c[0], 0);
+    EXPECT_EQ(c[1], c[2]) << "the target as its own draft had a draft token rejected";
+  }
+  const JobRun other = generate(2, draft + (*dir_ / "draft").string() + " --set parallel.layers=[2,2]");
+  expect_same(other, *reference_);
+  const std::vector<long long> c = speculative_counts(other);
+  ASSERT_EQ(c.size(), 3u) << other.result.err;
+  EXPECT_GT(c[0], 0);
+  EXPECT_LT(c[1], c[2]);
+
+  // Another vocabulary is bad input naming the key and both files.
+  const JobRun refused = generate(1, draft + (*dir_ / "six_heads").string());
+  EXPECT_EQ(refused.result.code, 2) << refused.result.err;
+  for (const std::string& part : {std::string("speculative.model"), (*dir_ / "six_heads").string(),
+                                  (*dir_ / "hf").string(), std::string("vocabularies"), std::string("64 tokens")})
+    EXPECT_NE(refused.result.err.find(part), std::string::npos) << part << " in: " << refused.result.err;
 }
 
 TEST_F(TensorParallel, TensorRankThatThrowsMidRunStopsTheJob) {
