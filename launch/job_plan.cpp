@@ -309,6 +309,22 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
                                 std::to_string(m.max_position) + " tokens");
 
   throw_if_problems(check_job_for_ranks(job, world_size));
+  // The draft model lives on rank 0 beside stage 0: its weights (as loaded, every matrix in
+  // model.dtype on a GPU) and its own pool, in model.dtype, room for speculative.max_batch
+  // requests at their longest. A share of memory is taken after them.
+  double draft_bytes_at_most = 0;
+  if (job.speculative.method == "draft") {
+    const ModelConfig& d = plan.draft_model;
+    const StoredWeightBytes w =
+        stored_weight_bytes(job.speculative.model, d, plan.dtype, plan.device_type != at::kCPU);
+    plan.draft_weight_bytes = w.per_layer * d.num_layers + w.embedding + w.head;
+    plan.draft_kv_bytes_per_block = 2 * d.num_kv_heads * d.num_layers * job.cache.block_size *
+                                    kv_row_bytes(parse_kv_dtype(dtype_name(plan.dtype), "model.dtype"), d.head_dim);
+    const int64_t tokens = std::min(m.max_position, d.max_position) + job.speculative.num_tokens;
+    draft_bytes_at_most = double(plan.draft_weight_bytes) +
+                          double((tokens + plan.block_size - 1) / plan.block_size) *
+                              double(job.speculative.max_batch) * double(plan.draft_kv_bytes_per_block);
+  }
   // One budget per stage: its ranks hold the same layers and as many KV heads each, so the
   // smallest of their budgets is the stage's.
   std::vector<RankBudget> budgets(stages);
@@ -324,7 +340,8 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
         // The share is of what is left after the weights and a step's working memory.
         b.share_of_memory = true;
         b.share = mem.share;
-        b.memory_bytes = static_cast<int64_t>(double(memory_limit) - overhead.total(st + 1 == stages));
+        b.memory_bytes = static_cast<int64_t>(double(memory_limit) - overhead.total(st + 1 == stages) -
+                                              (st == 0 ? draft_bytes_at_most : 0.0));
         break;
     }
   }
@@ -382,6 +399,17 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
     const int64_t tokens = std::min(plan.longest_request, plan.draft_model.max_position) + job.speculative.num_tokens;
     plan.draft_blocks = std::min(plan.partition.num_blocks,
                                  (tokens + plan.block_size - 1) / plan.block_size * int64_t{job.speculative.max_batch});
+    // Rank 0 holds both models and both pools.
+    const StagePlan& s = plan.partition.stages[0];
+    const double kv = double(plan.partition.num_blocks) * double(s.cached_layers) * double(cost.kv_bytes_per_block_layer);
+    const double draft = double(plan.draft_weight_bytes) + double(plan.draft_blocks) * double(plan.draft_kv_bytes_per_block);
+    const double need = double(s.weight_bytes) + kv + overhead.total(plan.partition.stages.size() == 1) +
+                        kBookkeepingBytesPerBlock * double(plan.partition.num_blocks) + draft;
+    if (need > double(memory_limit))
+      throw std::invalid_argument(
+          at_key(job, "speculative.model") + ": rank 0 would need " + gib(need) + " with the draft model " +
+          job.speculative.model + " (its weights and KV pool " + gib(draft) + "), more than " + limit_text +
+          ": lower cache.memory or speculative.max_batch, or raise runtime.memory");
   }
   return plan;
 }
@@ -478,6 +506,10 @@ void print_plan(std::ostream& out, const JobPlan& plan) {
         << s.cached_layers << " cached layer(s) (budget " << mib(s.kv_budget_bytes) << "), "
         << plan.partition.num_blocks << " blocks\n";
   }
+  if (plan.draft_blocks > 0)
+    out << "plan: rank 0 draft model " << plan.draft_model.num_layers << " layers, weights "
+        << mib(plan.draft_weight_bytes) << ", KV " << mib(plan.draft_blocks * plan.draft_kv_bytes_per_block) << ", "
+        << plan.draft_blocks << " blocks\n";
 }
 
 }  // namespace kvpipe

@@ -47,9 +47,12 @@ struct JobPlan {
   // pool (at most the model's context; the scheduler's admission rule).
   int64_t longest_request = 0;
   // speculative.method draft: the draft model's shape (its vocabulary checked against the
-  // model's), and the blocks of its own KV pool on rank 0.
+  // model's), and the blocks of its own KV pool on rank 0, with what its weights and its pool
+  // take there (counted in rank 0's memory check).
   ModelConfig draft_model;
   int64_t draft_blocks = 0;
+  int64_t draft_weight_bytes = 0;
+  int64_t draft_kv_bytes_per_block = 0;
 };
 
 JobPlan plan_job(const JobConfig& job, int world_size);

@@ -159,6 +159,27 @@ TEST_F(JobBounds, FixedCacheIsCheckedAgainstRuntimeMemory) {
   EXPECT_EQ(ok.code, 0) << ok.err;
 }
 
+// A draft model's weights and KV pool live on rank 0 beside its stage's: the plan counts
+// them (and prints them) against runtime.memory.
+TEST_F(JobBounds, DraftModelIsCountedInRankZerosMemory) {
+  const fs::path model = tiny_model("models/draft-target");
+  const fs::path job = write("draft.yaml", "model: {path: " + model.string() + "}\ncache: {memory: 8MiB}\n" +
+                                               "runtime: {memory: 128MiB}\n");
+  const CommandResult alone = kvpipe("validate --config " + job.string());
+  ASSERT_EQ(alone.code, 0) << alone.err;
+  const std::string draft = " --set speculative.method=draft --set speculative.model=" + model.string();
+  expect_refused(kvpipe("validate --config " + job.string() + draft),
+                 {"--set speculative.model", "rank 0 would need", "draft model", "runtime.memory"});
+  const CommandResult roomy = kvpipe("validate --config " + job.string() + draft + " --set runtime.memory=192MiB");
+  ASSERT_EQ(roomy.code, 0) << roomy.err;
+  EXPECT_NE(roomy.out.find("plan: rank 0 draft model 4 layers, weights "), std::string::npos) << roomy.out;
+  // Fewer requests drafting at once: a smaller pool.
+  const CommandResult one = kvpipe("validate --config " + job.string() + draft +
+                                   " --set runtime.memory=192MiB --set speculative.max_batch=1 --set cache.memory=64MiB");
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_NE(one.out.find("KV 8.1 MiB, 129 blocks"), std::string::npos) << one.out;
+}
+
 TEST_F(JobBounds, StepActivationsAreCheckedAgainstRuntimeMemory) {
   const fs::path job = write("step.yaml", "model: {path: \"dummy:tiny\"}\nruntime: {memory: 1GiB}\ncache: {memory: 8MiB}\n");
   expect_refused(kvpipe("validate --config " + job.string() + " --set scheduler.max_tokens_per_step=1000000"),
