@@ -236,6 +236,29 @@ TEST_F(TensorParallel, DraftModelOnTheCoordinatorMatchesOneRankThroughStagesAndT
     EXPECT_NE(refused.result.err.find(part), std::string::npos) << part << " in: " << refused.result.err;
 }
 
+// Speculation under memory pressure: drafts take only free blocks, a preempted request resumes
+// by recomputation, and tokens and log-probabilities stay those of the one-rank run without
+// speculation under the same pressure, with prompt lookup through two tensor ranks and with a
+// draft model through two stages.
+TEST_F(TensorParallel, SpeculationUnderPreemptionMatchesOneRank) {
+  const JobRun one = generate(1, "--set cache.memory=80KiB");
+  ASSERT_EQ(one.result.code, 0) << one.result.err;
+  const std::string draft = "--set speculative.method=draft --set speculative.num_tokens=3 --set speculative.model=";
+  for (const auto& [ranks, args] : std::vector<std::pair<int, std::string>>{
+           {2, "--set speculative.method=ngram --set speculative.num_tokens=4 --set parallel.tensor=2"
+               " --set cache.memory=40KiB"},
+           {2, draft + (*dir_ / "draft").string() + " --set parallel.layers=[2,2] --set cache.memory=40KiB"}}) {
+    SCOPED_TRACE(args);
+    const JobRun run = generate(ranks, args);
+    expect_same(run, one);
+    EXPECT_NE(run.result.err.find("20 blocks of 4 tokens"), std::string::npos) << run.result.err;
+    EXPECT_EQ(run.result.err.find(", 0 preemptions"), std::string::npos) << "no preemption happened: " << run.result.err;
+    const std::vector<long long> c = speculative_counts(run);
+    ASSERT_EQ(c.size(), 3u) << run.result.err;
+    EXPECT_GT(c[0], 0) << "nothing was drafted: " << run.result.err;
+  }
+}
+
 TEST_F(TensorParallel, TensorRankThatThrowsMidRunStopsTheJob) {
   const JobRun run = generate(2, "--set parallel.tensor=2", "KVPIPE_INJECT_FAULT=1:3");
   EXPECT_NE(run.result.code, 0);
