@@ -13,8 +13,12 @@ speculation. Ratios are medians of per-run ratios against `off` of the same run.
     benchmarks/speculative_bench.py [--kvpipe build/release/launch/kvpipe]
         [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--runs 3] [--threads 1]
         [--tokens 2,4,8] [--sets copy,chat] [--draft DRAFT.gguf] [--methods ngram,draft]
+        [--baseline-kvpipe OTHER/kvpipe] [--repeat 1]
 
 With --draft, speculative.method draft with that draft model is measured too (the same K).
+--repeat N sends each prompt set N times in one job (one request at a time, so the same
+answers): longer timed spans. With --baseline-kvpipe, every method is measured with that build too, in the same runs (rows
+marked "baseline"), to compare two builds' speculation against the same `off`.
 """
 import argparse
 import json
@@ -30,9 +34,12 @@ SETS = {"copy": os.path.join(HERE, "speculative", "copy_prompts.yaml"),
         "chat": os.path.join(HERE, "speculative", "chat_prompts.yaml")}
 
 
-def job_text(model, threads, prompts_file):
+def job_text(model, threads, prompts_file, repeat=1):
     with open(prompts_file) as f:
         requests = "".join(line for line in f if not line.startswith("#"))
+    # The set again, `repeat` times in one job: longer timed spans, less noise.
+    head, _, body = requests.partition("requests:\n")
+    requests = head + "requests:\n" + body * repeat
     return (f"model: {{path: {model}}}\n"
             f"runtime: {{threads: {threads}}}\n"
             "cache: {block_size: 16, memory: 64MiB, prefix_reuse: false}\n"
@@ -40,8 +47,8 @@ def job_text(model, threads, prompts_file):
             "sampling: {temperature: 0.0}\n" + requests)
 
 
-def run(kvpipe, job, method, k, draft=None):
-    cmd = [kvpipe, "generate", "--config", job, "--set", f"speculative.method={method}"]
+def run(kvpipe, job, method, k, binary=None, draft=None):
+    cmd = [binary or kvpipe, "generate", "--config", job, "--set", f"speculative.method={method}"]
     if method != "off":
         cmd += ["--set", f"speculative.num_tokens={k}"]
     if method == "draft":
@@ -72,11 +79,16 @@ def main():
     ap.add_argument("--sets", default="copy,chat")
     ap.add_argument("--draft", help="a draft model for speculative.method draft")
     ap.add_argument("--methods", default="ngram,draft", help="methods to measure besides off")
+    ap.add_argument("--baseline-kvpipe", help="another build whose speculation is measured in the same runs")
+    ap.add_argument("--repeat", type=int, default=1, help="each prompt set this many times per job")
     a = ap.parse_args()
     ks = [int(k) for k in a.tokens.split(",")]
     methods = [m for m in a.methods.split(",") if m != "draft" or a.draft]
-    configs = [("off", 0)] + [(m, k) for m in methods for k in ks]
-    print(f"# speculative_bench: {a.model}, {a.threads} thread(s), {a.runs} runs, batch 1, greedy"
+    configs = [("off", 0, None)] + [(m, k, None) for m in methods for k in ks]
+    if a.baseline_kvpipe:
+        configs += [(m, k, a.baseline_kvpipe) for m in methods for k in ks]
+    print(f"# speculative_bench: {a.model}, {a.threads} thread(s), {a.runs} runs, each set {a.repeat} time(s) per run, "
+          "batch 1, greedy"
           + (f", draft model {a.draft}" if a.draft else "") + "\n")
     print("| prompts | method | K | decode tok/s | ratio | e2e tok/s | ratio | acceptance | mean accepted length |"
           " outputs equal off |")
@@ -85,12 +97,12 @@ def main():
         for name in a.sets.split(","):
             job = os.path.join(tmp, f"{name}.yaml")
             with open(job, "w") as f:
-                f.write(job_text(a.model, a.threads, SETS[name]))
+                f.write(job_text(a.model, a.threads, SETS[name], a.repeat))
             results = {c: [] for c in configs}
             for _ in range(a.runs):
                 for c in configs:
                     results[c].append(run(a.kvpipe, job, *c, draft=a.draft))
-            base = results[("off", 0)]
+            base = results[("off", 0, None)]
             for c in configs:
                 rs = results[c]
                 same = all(r["outputs"] == b["outputs"] for r, b in zip(rs, base))
@@ -100,7 +112,8 @@ def main():
                 accepted = sum(r["accepted"] for r in rs)
                 acc = f"{accepted / drafted:.2f}" if drafted else "-"
                 length = f"{1 + accepted / drafts:.2f}" if drafts else "-"
-                print(f"| {name} ({rs[0]['tokens']} tokens) | {c[0]} | {c[1] or '-'} | "
+                label = c[0] + (" (baseline)" if c[2] else "")
+                print(f"| {name} ({rs[0]['tokens']} tokens) | {label} | {c[1] or '-'} | "
                       f"{statistics.median(r['decode_tps'] for r in rs):.1f} | {ratio('decode_tps'):.2f} | "
                       f"{statistics.median(r['e2e_tps'] for r in rs):.1f} | {ratio('e2e_tps'):.2f} | {acc} | {length} | "
                       f"{'yes' if same else 'NO'} |", flush=True)
