@@ -376,11 +376,18 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
                                 " bytes on rank 0)");
   // Everything a rank allocates, against what it has: a fixed cache.memory is not bounded by
   // runtime.memory otherwise.
+  auto stage_kv_bytes = [&](size_t r) {
+    return double(plan.partition.num_blocks) * double(plan.partition.stages[r].cached_layers) *
+           double(cost.kv_bytes_per_block_layer);
+  };
+  auto stage_other_bytes = [&](size_t r) {  // RoPE tables, activations and rank 0's accounting
+    return overhead.total(r + 1 == plan.partition.stages.size()) +
+           (r == 0 ? kBookkeepingBytesPerBlock * double(plan.partition.num_blocks) : 0.0);
+  };
   for (size_t r = 0; r < plan.partition.stages.size(); ++r) {
     const StagePlan& s = plan.partition.stages[r];
-    const double kv = double(plan.partition.num_blocks) * double(s.cached_layers) * double(cost.kv_bytes_per_block_layer);
-    const double other = overhead.total(r + 1 == plan.partition.stages.size()) +
-                         (r == 0 ? kBookkeepingBytesPerBlock * double(plan.partition.num_blocks) : 0.0);
+    const double kv = stage_kv_bytes(r);
+    const double other = stage_other_bytes(r);
     const double need = double(s.weight_bytes) + kv + other;
     if (need > double(memory_limit))
       throw std::invalid_argument(
@@ -400,11 +407,9 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
     plan.draft_blocks = std::min(plan.partition.num_blocks,
                                  (tokens + plan.block_size - 1) / plan.block_size * int64_t{job.speculative.max_batch});
     // Rank 0 holds both models and both pools.
-    const StagePlan& s = plan.partition.stages[0];
-    const double kv = double(plan.partition.num_blocks) * double(s.cached_layers) * double(cost.kv_bytes_per_block_layer);
     const double draft = double(plan.draft_weight_bytes) + double(plan.draft_blocks) * double(plan.draft_kv_bytes_per_block);
-    const double need = double(s.weight_bytes) + kv + overhead.total(plan.partition.stages.size() == 1) +
-                        kBookkeepingBytesPerBlock * double(plan.partition.num_blocks) + draft;
+    const double need =
+        double(plan.partition.stages[0].weight_bytes) + stage_kv_bytes(0) + stage_other_bytes(0) + draft;
     if (need > double(memory_limit))
       throw std::invalid_argument(
           at_key(job, "speculative.model") + ": rank 0 would need " + gib(need) + " with the draft model " +
