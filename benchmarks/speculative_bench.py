@@ -17,8 +17,9 @@ speculation. Ratios are medians of per-run ratios against `off` of the same run.
 
 With --draft, speculative.method draft with that draft model is measured too (the same K).
 --repeat N sends each prompt set N times in one job (one request at a time, so the same
-answers): longer timed spans. With --baseline-kvpipe, every method is measured with that build too, in the same runs (rows
-marked "baseline"), to compare two builds' speculation against the same `off`.
+answers): longer timed spans. With --baseline-kvpipe, every method is measured with that
+build too, in the same runs (rows marked "baseline"), to compare two builds' speculation
+against the same `off`.
 """
 import argparse
 import json
@@ -47,8 +48,8 @@ def job_text(model, threads, prompts_file, repeat=1):
             "sampling: {temperature: 0.0}\n" + requests)
 
 
-def run(kvpipe, job, method, k, binary=None, draft=None):
-    cmd = [binary or kvpipe, "generate", "--config", job, "--set", f"speculative.method={method}"]
+def run(kvpipe, job, method, k, draft=None):
+    cmd = [kvpipe, "generate", "--config", job, "--set", f"speculative.method={method}"]
     if method != "off":
         cmd += ["--set", f"speculative.num_tokens={k}"]
     if method == "draft":
@@ -84,7 +85,8 @@ def main():
     a = ap.parse_args()
     ks = [int(k) for k in a.tokens.split(",")]
     methods = [m for m in a.methods.split(",") if m != "draft" or a.draft]
-    configs = [("off", 0, None)] + [(m, k, None) for m in methods for k in ks]
+    # (method, K, the build that runs it)
+    configs = [("off", 0, a.kvpipe)] + [(m, k, a.kvpipe) for m in methods for k in ks]
     if a.baseline_kvpipe:
         configs += [(m, k, a.baseline_kvpipe) for m in methods for k in ks]
     print(f"# speculative_bench: {a.model}, {a.threads} thread(s), {a.runs} runs, each set {a.repeat} time(s) per run, "
@@ -101,8 +103,8 @@ def main():
             results = {c: [] for c in configs}
             for _ in range(a.runs):
                 for c in configs:
-                    results[c].append(run(a.kvpipe, job, *c, draft=a.draft))
-            base = results[("off", 0, None)]
+                    results[c].append(run(c[2], job, c[0], c[1], draft=a.draft))
+            base = results[("off", 0, a.kvpipe)]
             for c in configs:
                 rs = results[c]
                 same = all(r["outputs"] == b["outputs"] for r, b in zip(rs, base))
@@ -112,7 +114,7 @@ def main():
                 accepted = sum(r["accepted"] for r in rs)
                 acc = f"{accepted / drafted:.2f}" if drafted else "-"
                 length = f"{1 + accepted / drafts:.2f}" if drafts else "-"
-                label = c[0] + (" (baseline)" if c[2] else "")
+                label = c[0] + (" (baseline)" if c[2] != a.kvpipe else "")
                 print(f"| {name} ({rs[0]['tokens']} tokens) | {label} | {c[1] or '-'} | "
                       f"{statistics.median(r['decode_tps'] for r in rs):.1f} | {ratio('decode_tps'):.2f} | "
                       f"{statistics.median(r['e2e_tps'] for r in rs):.1f} | {ratio('e2e_tps'):.2f} | {acc} | {length} | "

@@ -15,7 +15,7 @@ without speculation.
         [--llama-server benchmarks/peers/llama.cpp/bin/llama-server]
         [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--runs 3] [--threads 1]
         [--clients 1,8] [--tokens 2,4] [--sets copy,chat]
-        [--llama-spec "ngram-simple:--spec-ngram-simple-size-n 2 --spec-ngram-simple-size-m 8"]...
+        [--llama-spec "NAME:--spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m 8"]...
 """
 import argparse
 import http.client
@@ -46,8 +46,6 @@ def free_port():
 
 class Server:
     def __init__(self, cmd, port, log):
-        self.port = port
-        self.log = log
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         deadline = time.time() + 300
         while True:
@@ -141,7 +139,7 @@ def summary(results, wall):
     tokens = sum(r[1] for r in results)
     decode = [(r[1] - 1) / r[3] for r in results if r[1] > 1 and r[3] > 0]
     return {"texts": [r[0] for r in results], "throughput": tokens / wall, "decode": statistics.median(decode),
-            "ttft_ms": 1000 * statistics.median(r[2] for r in results), "tokens": tokens}
+            "ttft_ms": 1000 * statistics.median(r[2] for r in results)}
 
 
 def main():
@@ -161,8 +159,7 @@ def main():
     slots = max(clients)
     configs = [("kvpipe", "off", ())] + [("kvpipe", f"ngram K={k}", ("speculative.method=ngram", f"speculative.num_tokens={k}"))
                                          for k in (int(x) for x in a.tokens.split(","))]
-    have_llama = os.path.exists(a.llama_server)
-    if have_llama:
+    if os.path.exists(a.llama_server):
         configs.append(("llama-server", "off", ()))
         for spec in a.llama_spec:
             name, _, args = spec.partition(":")

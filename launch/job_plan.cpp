@@ -313,6 +313,11 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
   // model.dtype on a GPU) and its own pool, in model.dtype, room for speculative.max_batch
   // requests at their longest. A share of memory is taken after them.
   double draft_bytes_at_most = 0;
+  // Blocks of the draft's pool: speculative.max_batch requests of `longest` tokens and a draft.
+  auto draft_pool_blocks = [&](int64_t longest) {
+    const int64_t tokens = longest + job.speculative.num_tokens;
+    return (tokens + plan.block_size - 1) / plan.block_size * int64_t{job.speculative.max_batch};
+  };
   if (job.speculative.method == "draft") {
     const ModelConfig& d = plan.draft_model;
     const StoredWeightBytes w =
@@ -320,10 +325,9 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
     plan.draft_weight_bytes = w.per_layer * d.num_layers + w.embedding + w.head;
     plan.draft_kv_bytes_per_block = 2 * d.num_kv_heads * d.num_layers * job.cache.block_size *
                                     kv_row_bytes(parse_kv_dtype(dtype_name(plan.dtype), "model.dtype"), d.head_dim);
-    const int64_t tokens = std::min(m.max_position, d.max_position) + job.speculative.num_tokens;
     draft_bytes_at_most = double(plan.draft_weight_bytes) +
-                          double((tokens + plan.block_size - 1) / plan.block_size) *
-                              double(job.speculative.max_batch) * double(plan.draft_kv_bytes_per_block);
+                          double(draft_pool_blocks(std::min(m.max_position, d.max_position))) *
+                              double(plan.draft_kv_bytes_per_block);
   }
   // One budget per stage: its ranks hold the same layers and as many KV heads each, so the
   // smallest of their budgets is the stage's.
@@ -403,9 +407,8 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
   if (job.speculative.method == "draft") {
     // Room for speculative.max_batch requests at their longest, never more blocks than the
     // model's own pool (a draft model is smaller: its blocks are too).
-    const int64_t tokens = std::min(plan.longest_request, plan.draft_model.max_position) + job.speculative.num_tokens;
     plan.draft_blocks = std::min(plan.partition.num_blocks,
-                                 (tokens + plan.block_size - 1) / plan.block_size * int64_t{job.speculative.max_batch});
+                                 draft_pool_blocks(std::min(plan.longest_request, plan.draft_model.max_position)));
     // Rank 0 holds both models and both pools.
     const double draft = double(plan.draft_weight_bytes) + double(plan.draft_blocks) * double(plan.draft_kv_bytes_per_block);
     const double need =
