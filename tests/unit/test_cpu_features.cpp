@@ -58,7 +58,7 @@ TEST(CpuFeatures, TrialFaultsAreCaughtAndHandlersRestored) {
 }
 
 TEST(CpuFeatures, ProbesOfThisProcessorAreConsistent) {
-  for (CpuFeature f : {CpuFeature::kAvx2Fma, CpuFeature::kAvx512, CpuFeature::kAmx}) {
+  for (CpuFeature f : {CpuFeature::kAvx2Fma, CpuFeature::kAvx512, CpuFeature::kAvx512Vnni, CpuFeature::kAmx}) {
     const CpuFeatureProbe p = probe_cpu_feature(f);
     EXPECT_TRUE(p.advertised || (!p.os_enabled && !p.executes)) << p.describe();
     EXPECT_TRUE(p.os_enabled || !p.executes) << p.describe();
@@ -73,12 +73,17 @@ TEST(CpuFeatures, ProbesOfThisProcessorAreConsistent) {
                                                                     __builtin_cpu_supports("avx512bw") &&
                                                                     __builtin_cpu_supports("avx512dq") &&
                                                                     __builtin_cpu_supports("avx512vl"));
+  EXPECT_EQ(probe_cpu_feature(CpuFeature::kAvx512Vnni).advertised,
+            probe_cpu_feature(CpuFeature::kAvx512).advertised && __builtin_cpu_supports("avx512vnni"));
+  // VNNI is part of AVX-512 here: usable only where the AVX-512 probe passes too.
+  EXPECT_TRUE(!probe_cpu_feature(CpuFeature::kAvx512Vnni).usable() || probe_cpu_feature(CpuFeature::kAvx512).usable());
 #endif
   const char* env = std::getenv("KVPIPE_CPU_KERNELS");
   const bool forced = env != nullptr && std::string(env) == "portable";
   EXPECT_STREQ(dot_kernel_isa(), choose_kernel_isa(probe_cpu_feature(CpuFeature::kAvx2Fma), forced));
   const std::string all = describe_cpu_features();
   EXPECT_NE(all.find("avx2+fma "), std::string::npos) << all;
+  EXPECT_NE(all.find(", avx512-vnni "), std::string::npos) << all;
   EXPECT_NE(all.find(", amx "), std::string::npos) << all;
   std::printf("this processor: %s\n", all.c_str());
 }

@@ -30,7 +30,7 @@ void on_trial_fault(int sig) {
 #if defined(__x86_64__)
 
 struct CpuidBits {
-  uint32_t leaf1_ecx = 0, leaf7_ebx = 0, leaf7_edx = 0;
+  uint32_t leaf1_ecx = 0, leaf7_ebx = 0, leaf7_ecx = 0, leaf7_edx = 0;
   uint64_t xcr0 = 0;  // 0 when the OS has not enabled XSAVE (OSXSAVE clear)
 };
 
@@ -41,6 +41,7 @@ CpuidBits read_cpuid() {
   if (__get_cpuid_max(0, nullptr) >= 7) {
     __cpuid_count(7, 0, a, b, c, d);
     bits.leaf7_ebx = b;
+    bits.leaf7_ecx = c;
     bits.leaf7_edx = d;
   }
   if (bits.leaf1_ecx & (1u << 27)) {  // OSXSAVE: xgetbv may be executed
@@ -69,6 +70,16 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void trial_avx512(
   const __mmask16 m = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ);
   const __m512i b = _mm512_add_epi8(_mm512_set1_epi8(1), _mm512_castps_si512(x));
   trial_sink = _mm512_cvtss_f32(_mm512_mask_fmadd_ps(x, m, x, _mm512_castsi512_ps(b)));
+}
+
+// One 8-bit dot product (unsigned by signed bytes, four to a 32-bit lane), checked.
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"))) void trial_avx512_vnni() {
+  volatile int seed = 200;  // not foldable
+  const __m256i u = _mm256_set1_epi8(static_cast<char>(seed));
+  const __m256i s = _mm256_set1_epi8(-3);
+  const __m256i r = _mm256_dpbusd_epi32(_mm256_set1_epi32(1), u, s);
+  trial_ok = _mm256_extract_epi32(r, 7) == 1 + 4 * 200 * -3;
+  if (!trial_ok) std::raise(SIGFPE);  // wrong sum: counts as a fault
 }
 
 // One int8 tile product (16x64 by 64x16 of ones and twos) through the tile registers, in
@@ -131,6 +142,12 @@ CpuFeatureProbe probe(CpuFeature feature) {
       p.os_enabled = all_bits(bits.xcr0, 0xe6);  // plus opmask, ZMM0-15 upper halves, ZMM16-31
       trial = trial_avx512;
       break;
+    case CpuFeature::kAvx512Vnni:
+      p.advertised = all_bits(bits.leaf7_ebx, (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31)) &&
+                     all_bits(bits.leaf7_ecx, 1u << 11);
+      p.os_enabled = all_bits(bits.xcr0, 0xe6);
+      trial = trial_avx512_vnni;
+      break;
     case CpuFeature::kAmx:
       p.advertised = all_bits(bits.leaf7_edx, (1u << 24) | (1u << 25));
       p.os_enabled = p.advertised && all_bits(bits.xcr0, 0x60000) && amx_permitted();  // TILECFG, TILEDATA
@@ -186,6 +203,10 @@ CpuFeatureProbe probe_cpu_feature(CpuFeature feature) {
       static const CpuFeatureProbe p = probe(feature);
       return p;
     }
+    case CpuFeature::kAvx512Vnni: {
+      static const CpuFeatureProbe p = probe(feature);
+      return p;
+    }
     case CpuFeature::kAmx: {
       static const CpuFeatureProbe p = probe(feature);
       return p;
@@ -200,7 +221,8 @@ const char* choose_kernel_isa(const CpuFeatureProbe& avx2_fma, bool force_portab
 
 std::string describe_cpu_features() {
   return "avx2+fma " + probe_cpu_feature(CpuFeature::kAvx2Fma).describe() + ", avx512 " +
-         probe_cpu_feature(CpuFeature::kAvx512).describe() + ", amx " +
+         probe_cpu_feature(CpuFeature::kAvx512).describe() + ", avx512-vnni " +
+         probe_cpu_feature(CpuFeature::kAvx512Vnni).describe() + ", amx " +
          probe_cpu_feature(CpuFeature::kAmx).describe();
 }
 
