@@ -40,4 +40,11 @@ void k_dequantize_activation_row(const void* src, float* dst, int64_t cols);
 DotKernel k_portable_kernel(QuantType type);
 DotKernel k_avx2_kernel(QuantType type);  // nullptr where the build has no x86 vector code
 
+// A row's values as unsigned 8-bit integers with a scale d and an offset m per run of 32
+// values, or of 16 for Q2_K, Q3_K and Q6_K, whose scales cover 16 (value i of run b is
+// d[b] * u[i] + m[b]: the signed types shifted up by their offset, which m takes back): what
+// int8_gemm multiplies. false for the float types.
+bool legacy_unpack_row_u8(QuantType type, const uint8_t* row, int64_t cols, uint8_t* u, float* d, float* m);
+bool k_unpack_row_u8(QuantType type, const uint8_t* row, int64_t cols, uint8_t* u, float* d, float* m);
+
 }  // namespace kvpipe::quant_impl

@@ -344,6 +344,63 @@ void dequantize_q45k(const uint8_t* src, float* dst, int64_t cols, bool five_bit
 
 }  // namespace
 
+bool k_unpack_row_u8(QuantType type, const uint8_t* row, int64_t cols, uint8_t* u, float* d, float* m) {
+  const int64_t blocks = cols / kSuperBlock;
+  switch (type) {
+    case QuantType::Q4_K:
+    case QuantType::Q5_K:
+      for (int64_t b = 0; b < blocks; ++b, u += kSuperBlock, d += 8, m += 8) {
+        const bool five = type == QuantType::Q5_K;
+        const uint8_t* wb = row + b * (five ? kQ5KBytes : kQ4KBytes);
+        int sc[8], mn[8];
+        unpack_scales_mins(wb + 4, sc, mn);
+        if (five)
+          unpack_q5k(wb, u);
+        else
+          unpack_q4k(wb, u);
+        const float scale = load_half(wb), min_scale = load_half(wb + 2);
+        for (int s = 0; s < 8; ++s) {
+          d[s] = scale * static_cast<float>(sc[s]);
+          m[s] = -(min_scale * static_cast<float>(mn[s]));
+        }
+      }
+      return true;
+    case QuantType::Q2_K:
+      for (int64_t b = 0; b < blocks; ++b, u += kSuperBlock, d += 16, m += 16) {
+        const uint8_t* wb = row + b * kQ2KBytes;
+        unpack_q2k(wb, u);
+        const float scale = load_half(wb + 80), min_scale = load_half(wb + 82);
+        for (int s = 0; s < 16; ++s) {
+          d[s] = scale * static_cast<float>(wb[s] & 0xf);
+          m[s] = -(min_scale * static_cast<float>(wb[s] >> 4));
+        }
+      }
+      return true;
+    case QuantType::Q3_K:
+    case QuantType::Q6_K:
+    case QuantType::IQ4_XS: {
+      // Signed values d * sc * q: shifted up by `offset` into bytes, m takes it back.
+      const int offset = type == QuantType::Q3_K ? 4 : type == QuantType::Q6_K ? 32 : 128;
+      const int sub = type == QuantType::IQ4_XS ? 8 : 16;
+      const int64_t block_bytes = type == QuantType::Q3_K ? kQ3KBytes : type == QuantType::Q6_K ? kQ6KBytes : kIQ4XSBytes;
+      const UnpackScaled unpack =
+          type == QuantType::Q3_K ? unpack_q3k_block : type == QuantType::Q6_K ? unpack_q6k_block : unpack_iq4xs_block;
+      for (int64_t b = 0; b < blocks; ++b, u += kSuperBlock, d += sub, m += sub) {
+        int8_t q[kSuperBlock];
+        int sc[16];
+        const float scale = unpack(row + b * block_bytes, q, sc);
+        for (int l = 0; l < kSuperBlock; ++l) u[l] = static_cast<uint8_t>(q[l] + offset);
+        for (int s = 0; s < sub; ++s) {
+          d[s] = scale * static_cast<float>(sc[s]);
+          m[s] = -static_cast<float>(offset) * d[s];
+        }
+      }
+      return true;
+    }
+    default: return false;
+  }
+}
+
 void k_dequantize_row(QuantType type, const void* src, float* dst, int64_t cols) {
   const auto* s = static_cast<const uint8_t*>(src);
   switch (type) {

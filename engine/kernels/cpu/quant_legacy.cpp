@@ -339,6 +339,47 @@ void legacy_dequantize_activation_row(ActivationType type, const void* src, floa
       "legacy_dequantize_activation_row: not an F32, Q8_0 or Q8_1 activation");
 }
 
+bool legacy_unpack_row_u8(QuantType type, const uint8_t* row, int64_t cols, uint8_t* u, float* d, float* m) {
+  int64_t block_bytes = 0;
+  switch (type) {
+    case QuantType::Q8_0: block_bytes = kQ8_0Bytes; break;
+    case QuantType::Q4_0: block_bytes = kQ4_0Bytes; break;
+    case QuantType::Q4_1: block_bytes = kQ4_1Bytes; break;
+    case QuantType::Q5_0: block_bytes = kQ5_0Bytes; break;
+    case QuantType::Q5_1: block_bytes = kQ5_1Bytes; break;
+    case QuantType::IQ4_NL: block_bytes = kIQ4NLBytes; break;
+    default: return false;
+  }
+  for (int64_t b = 0; b < cols / kBlock; ++b, u += kBlock) {
+    const uint8_t* blk = row + b * block_bytes;
+    const float scale = load_half(blk);
+    int8_t q[kBlock];
+    // The signed types move to 0..255 (or 0..2^bits - 1) by their offset, which m takes back.
+    int offset = 0;
+    float min = 0;
+    switch (type) {
+      case QuantType::Q8_0:
+        std::memcpy(q, blk + 2, kBlock);
+        offset = 128;
+        break;
+      case QuantType::Q4_0: unpack_nibbles(blk + 2, 0, q), offset = 8; break;
+      case QuantType::Q4_1: unpack_nibbles(blk + 4, 0, q), min = load_half(blk + 2); break;
+      case QuantType::Q5_0: unpack_five_bits(blk + 2, blk + 6, 0, q), offset = 16; break;
+      case QuantType::Q5_1: unpack_five_bits(blk + 4, blk + 8, 0, q), min = load_half(blk + 2); break;
+      default:  // IQ4_NL: the grid's signed values
+        unpack_iq4nl(blk + 2, q);
+        offset = 128;
+        break;
+    }
+    // Q8_0 and IQ4_NL hold signed values; the nibble and five-bit types unsigned ones already.
+    const int shift = type == QuantType::Q8_0 || type == QuantType::IQ4_NL ? 128 : 0;
+    for (int64_t i = 0; i < kBlock; ++i) u[i] = static_cast<uint8_t>(q[i] + shift);
+    d[b] = scale;
+    m[b] = offset != 0 ? -static_cast<float>(offset) * scale : min;
+  }
+  return true;
+}
+
 DotKernel legacy_portable_kernel(QuantType type) {
   switch (type) {
     case QuantType::F32:

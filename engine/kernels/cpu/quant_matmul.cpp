@@ -1,11 +1,13 @@
 #include "engine/kernels/cpu/quant_matmul.h"
 
 #include "engine/kernels/cpu/blas_gemm.h"
+#include "engine/kernels/cpu/int8_gemm.h"
 #include "engine/kernels/cpu/thread_pool.h"
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -114,6 +116,21 @@ void run_blas(const float* x, int64_t n, int64_t ldx, const Activations& a, Quan
   });
 }
 
+void run_path(MatmulPath path, const float* x, int64_t n, int64_t ldx, const Activations& a, QuantType type,
+              const uint8_t* w, int64_t rows, int64_t cols, float* y, int64_t ldy) {
+  switch (path) {
+    case MatmulPath::kKernel: return run_kernels(a, n, type, w, rows, cols, y, ldy);
+    case MatmulPath::kBlas: return run_blas(x, n, ldx, a, type, w, rows, cols, y, ldy);
+    case MatmulPath::kInt8: {
+      const std::optional<Int8GemmIsa> isa = int8_gemm_choice(type);
+      if (!isa)
+        throw std::invalid_argument(std::string("quant_matmul: no 8-bit product for ") + quant_name(type) +
+                                    " on this processor");
+      return int8_gemm(*isa, a.data, a.stride, n, type, w, rows, cols, y, ldy);
+    }
+  }
+}
+
 // Inputs up to which the kernels serve a product; BLAS beyond. A fixed rule, not a timing:
 // the two paths round differently, and a choice made by the clock would make a job's tokens
 // depend on how busy the machine was. The kernels are built for decode batches (a batch of
@@ -123,7 +140,23 @@ constexpr int64_t kMaxKernelBatch = 64;
 
 }  // namespace
 
-std::string matmul_path_name(MatmulPath path) { return path == MatmulPath::kKernel ? "kernel" : "blas"; }
+std::string matmul_path_name(MatmulPath path) {
+  switch (path) {
+    case MatmulPath::kKernel: return "kernel";
+    case MatmulPath::kBlas: return "blas";
+    case MatmulPath::kInt8: return "int8";
+  }
+  return "?";
+}
+
+MatmulPath prompt_matmul_path(QuantType type) {
+  switch (forced_path()) {
+    case Forced::kKernel: return MatmulPath::kKernel;
+    case Forced::kBlas: return MatmulPath::kBlas;
+    case Forced::kAuto: break;
+  }
+  return int8_gemm_choice(type) ? MatmulPath::kInt8 : MatmulPath::kBlas;
+}
 
 void quant_matmul(const float* x, int64_t n, int64_t ldx, QuantType type, const uint8_t* w, int64_t rows,
                   int64_t cols, float* y, int64_t ldy) {
@@ -134,9 +167,8 @@ void quant_matmul(const float* x, int64_t n, int64_t ldx, QuantType type, const 
   Activations a;
   prepare_activations(x, n, ldx, type, cols, a);
   const Forced forced = forced_path();
-  const bool kernels = forced == Forced::kAuto ? n <= kMaxKernelBatch : forced == Forced::kKernel;
-  if (kernels) return run_kernels(a, n, type, w, rows, cols, y, ldy);
-  run_blas(x, n, ldx, a, type, w, rows, cols, y, ldy);
+  const MatmulPath path = forced == Forced::kAuto && n <= kMaxKernelBatch ? MatmulPath::kKernel : prompt_matmul_path(type);
+  run_path(path, x, n, ldx, a, type, w, rows, cols, y, ldy);
 }
 
 void quant_matmul_on(MatmulPath path, const float* x, int64_t n, int64_t ldx, QuantType type, const uint8_t* w,
@@ -144,8 +176,7 @@ void quant_matmul_on(MatmulPath path, const float* x, int64_t n, int64_t ldx, Qu
   if (n <= 0 || rows <= 0) return;
   Activations a;
   prepare_activations(x, n, ldx, type, cols, a);
-  if (path == MatmulPath::kKernel) run_kernels(a, n, type, w, rows, cols, y, ldy);
-  else run_blas(x, n, ldx, a, type, w, rows, cols, y, ldy);
+  run_path(path, x, n, ldx, a, type, w, rows, cols, y, ldy);
 }
 
 }  // namespace kvpipe

@@ -6,11 +6,15 @@
 //   - the dot kernels, which stream each weight row once for up to kMaxKernelInputs inputs and
 //     revisit a slice of rows small enough to stay in the core's cache for the next group of
 //     inputs, so that a batch of up to 64 reads the weights from memory about once;
+//   - the 8-bit products (int8_gemm.h: weight rows repacked into interleaved bytes, multiplied
+//     by the 8-bit activations in the integer units) for the quantised types that have them
+//     on this processor: what prefill's long inputs want;
 //   - BLAS (single-threaded sgemm on each thread's slice of rows, after dequantising a tile of
-//     rows into a scratch buffer): what prefill's long inputs want.
-// Which one serves a product follows from its input count alone (the kernels up to 64 inputs,
-// BLAS beyond; KVPIPE_CPU_MATMUL=kernel|blas pins one), so that the same job gives the same
-// numbers however busy the machine is.
+//     rows into a scratch buffer): prefill for the other types.
+// Which one serves a product follows from its input count and the processor alone (the
+// kernels up to 64 inputs, the 8-bit products or BLAS beyond; KVPIPE_CPU_MATMUL=kernel|blas
+// pins one for every count), so that the same job on the same machine gives the same numbers
+// however busy it is.
 #pragma once
 
 #include "engine/kernels/cpu/quant_types.h"
@@ -25,11 +29,13 @@ namespace kvpipe {
 void quant_matmul(const float* x, int64_t n, int64_t ldx, QuantType type, const uint8_t* w, int64_t rows,
                   int64_t cols, float* y, int64_t ldy);
 
-enum class MatmulPath { kKernel, kBlas };
+enum class MatmulPath { kKernel, kBlas, kInt8 };
 // quant_matmul on a given path (tests and benchmarks compare the two).
 void quant_matmul_on(MatmulPath path, const float* x, int64_t n, int64_t ldx, QuantType type, const uint8_t* w,
                      int64_t rows, int64_t cols, float* y, int64_t ldy);
-// "kernel" | "blas".
+// "kernel" | "blas" | "int8".
 std::string matmul_path_name(MatmulPath path);
+// The path of a product past the kernels' input count for `type` on this processor.
+MatmulPath prompt_matmul_path(QuantType type);
 
 }  // namespace kvpipe
