@@ -72,6 +72,18 @@ struct PortableOps {
       for (int64_t i = g * kQ8Group; i < (g + 1) * kQ8Group; ++i) dst[i] = static_cast<float>(src[i]) * d;
     }
   }
+  // scores[g * ld + j] = scale * q_g . k_j for the group's query heads and the chunk's keys.
+  static void chunk_scores(const float* q, int64_t group, int64_t hd, const float* const* k, int64_t n, float scale,
+                           float* scores, int64_t ld) {
+    for (int64_t g = 0; g < group; ++g)
+      for (int64_t j = 0; j < n; ++j) scores[g * ld + j] = dot(q + g * hd, k[j], hd) * scale;
+  }
+  // acc_g += sum_j p[g * ld + j] v_j, key by key.
+  static void chunk_accumulate(float* acc, int64_t group, int64_t hd, const float* const* v, int64_t n,
+                               const float* p, int64_t ld) {
+    for (int64_t g = 0; g < group; ++g)
+      for (int64_t j = 0; j < n; ++j) axpy(acc + g * hd, p[g * ld + j], v[j], hd);
+  }
 };
 
 #if defined(__x86_64__)
@@ -129,6 +141,77 @@ struct Avx2Ops {
       }
     }
   }
+  // Four keys' dot products at once, each summed exactly as dot() sums it (two accumulators
+  // over alternate 8-value slices, added, then reduced in dot()'s order), so the scores stay
+  // bit for bit those of one key at a time; the four reductions share their shuffles and the
+  // eight FMA chains are independent. For head sizes that are multiples of 16.
+  KVPIPE_PAGED_AVX2 static __m256 dot4(const float* q, const float* const* k, int64_t hd) {
+    __m256 e[4], o[4];
+    for (int t = 0; t < 4; ++t) e[t] = _mm256_setzero_ps(), o[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < hd; i += 16) {
+      const __m256 q0 = _mm256_loadu_ps(q + i), q1 = _mm256_loadu_ps(q + i + 8);
+      for (int t = 0; t < 4; ++t) {
+        e[t] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k[t] + i), e[t]);
+        o[t] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k[t] + i + 8), o[t]);
+      }
+    }
+    for (int t = 0; t < 4; ++t) e[t] = _mm256_add_ps(e[t], o[t]);
+    // Lanes i + (i + 4) of each key: [u0 | u1] and [u2 | u3].
+    const __m256 u01 = _mm256_add_ps(_mm256_permute2f128_ps(e[0], e[1], 0x20), _mm256_permute2f128_ps(e[0], e[1], 0x31));
+    const __m256 u23 = _mm256_add_ps(_mm256_permute2f128_ps(e[2], e[3], 0x20), _mm256_permute2f128_ps(e[2], e[3], 0x31));
+    // (u_0 + u_2) and (u_1 + u_3) of each key, then their sum: key 0 in lane 0, 2 in 1, 1 in 4, 3 in 5.
+    const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(u01, u23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm256_add_ps(_mm256_shuffle_ps(r, r, _MM_SHUFFLE(2, 0, 2, 0)), _mm256_shuffle_ps(r, r, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  KVPIPE_PAGED_AVX2 static void chunk_scores(const float* q, int64_t group, int64_t hd, const float* const* k,
+                                             int64_t n, float scale, float* scores, int64_t ld) {
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = q + g * hd;
+      int64_t j = 0;
+      if (hd % 16 == 0)
+        for (; j + 4 <= n; j += 4) {
+          alignas(32) float d[8];
+          _mm256_store_ps(d, dot4(qg, k + j, hd));
+          float* out = scores + g * ld + j;
+          out[0] = d[0] * scale, out[1] = d[4] * scale, out[2] = d[1] * scale, out[3] = d[5] * scale;
+        }
+      for (; j < n; ++j) scores[g * ld + j] = dot(qg, k[j], hd) * scale;
+    }
+  }
+  // The accumulators stay in registers over the chunk's keys, 32 values at a time; each value
+  // still takes its keys in order (one FMA per key), as axpy key by key does.
+  KVPIPE_PAGED_AVX2 static void chunk_accumulate(float* acc, int64_t group, int64_t hd, const float* const* v,
+                                                 int64_t n, const float* p, int64_t ld) {
+    for (int64_t g = 0; g < group; ++g) {
+      float* a = acc + g * hd;
+      const float* pg = p + g * ld;
+      int64_t i = 0;
+      for (; i + 32 <= hd; i += 32) {
+        __m256 c0 = _mm256_loadu_ps(a + i), c1 = _mm256_loadu_ps(a + i + 8);
+        __m256 c2 = _mm256_loadu_ps(a + i + 16), c3 = _mm256_loadu_ps(a + i + 24);
+        for (int64_t j = 0; j < n; ++j) {
+          const __m256 pj = _mm256_set1_ps(pg[j]);
+          const float* vj = v[j] + i;
+          c0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj), c0);
+          c1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8), c1);
+          c2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 16), c2);
+          c3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 24), c3);
+        }
+        _mm256_storeu_ps(a + i, c0);
+        _mm256_storeu_ps(a + i + 8, c1);
+        _mm256_storeu_ps(a + i + 16, c2);
+        _mm256_storeu_ps(a + i + 24, c3);
+      }
+      for (; i + 8 <= hd; i += 8) {
+        __m256 c = _mm256_loadu_ps(a + i);
+        for (int64_t j = 0; j < n; ++j) c = _mm256_fmadd_ps(_mm256_set1_ps(pg[j]), _mm256_loadu_ps(v[j] + i), c);
+        _mm256_storeu_ps(a + i, c);
+      }
+      for (; i < hd; ++i)
+        for (int64_t j = 0; j < n; ++j) a[i] += pg[j] * v[j][i];
+    }
+  }
 };
 #endif
 
@@ -149,9 +232,11 @@ const float* load_row(const PagedKvLayer& kv, const void* base, const uint16_t* 
 }
 
 struct ItemScratch {
-  std::vector<float> scores;  // [group, kChunk]
-  std::vector<int64_t> rows;  // [kChunk]
-  std::vector<float> row;     // [head_dim]
+  std::vector<float> scores;       // [group, kChunk]
+  std::vector<int64_t> rows;       // [kChunk]
+  std::vector<const float*> keys;  // [kChunk]: each key row as float32
+  std::vector<const float*> values;
+  std::vector<float> converted;    // [kChunk, head_dim]: rows of 16- and 8-bit pools
 };
 
 // One (sequence, KV head, partition) item: the group's running maximum m, sum l and
@@ -164,10 +249,14 @@ void attend_partition(const float* q, int64_t group, const PagedKvLayer& kv, int
   const int64_t hd = kv.head_dim, bs = kv.block_size;
   scratch.scores.resize(static_cast<size_t>(group * kChunk));
   scratch.rows.resize(kChunk);
-  scratch.row.resize(static_cast<size_t>(hd));
+  scratch.keys.resize(kChunk);
+  scratch.values.resize(kChunk);
+  scratch.converted.resize(static_cast<size_t>(kChunk * hd));
   float* scores = scratch.scores.data();
   int64_t* rows = scratch.rows.data();
-  float* tmp = scratch.row.data();
+  const float** keys = scratch.keys.data();
+  const float** values = scratch.values.data();
+  float* tmp = scratch.converted.data();
   const float softcap = static_cast<float>(window.softcap);
   for (int64_t g = 0; g < group; ++g) m[g] = -std::numeric_limits<float>::infinity(), l[g] = 0.0f;
   std::fill(acc, acc + group * hd, 0.0f);
@@ -182,13 +271,12 @@ void attend_partition(const float* q, int64_t group, const PagedKvLayer& kv, int
                                     " for position " + std::to_string(p) + " is outside the pool's " +
                                     std::to_string(kv.num_blocks) + " blocks");
       rows[j] = (static_cast<int64_t>(block) * bs + p % bs) * kv.kv_heads + kv_head;
-      const float* k = load_row<Ops>(kv, kv.keys, kv.key_scales, rows[j], tmp);
-      for (int64_t g = 0; g < group; ++g) {
-        float s = Ops::dot(q + g * hd, k, hd) * scale;
-        if (softcap > 0) s = softcap * std::tanh(s / softcap);
-        scores[g * kChunk + j] = s;
-      }
+      keys[j] = load_row<Ops>(kv, kv.keys, kv.key_scales, rows[j], tmp + j * hd);
     }
+    Ops::chunk_scores(q, group, hd, keys, n, scale, scores, kChunk);
+    if (softcap > 0)
+      for (int64_t g = 0; g < group; ++g)
+        for (int64_t j = 0; j < n; ++j) scores[g * kChunk + j] = softcap * std::tanh(scores[g * kChunk + j] / softcap);
     for (int64_t g = 0; g < group; ++g) {
       float* s = scores + g * kChunk;
       const float chunk_max = *std::max_element(s, s + n);
@@ -201,10 +289,8 @@ void attend_partition(const float* q, int64_t group, const PagedKvLayer& kv, int
       m[g] = m_new;
       for (int64_t j = 0; j < n; ++j) l[g] += s[j] = std::exp(s[j] - m_new);
     }
-    for (int64_t j = 0; j < n; ++j) {
-      const float* v = load_row<Ops>(kv, kv.values, kv.value_scales, rows[j], tmp);
-      for (int64_t g = 0; g < group; ++g) Ops::axpy(acc + g * hd, scores[g * kChunk + j], v, hd);
-    }
+    for (int64_t j = 0; j < n; ++j) values[j] = load_row<Ops>(kv, kv.values, kv.value_scales, rows[j], tmp + j * hd);
+    Ops::chunk_accumulate(acc, group, hd, values, n, scores, kChunk);
   }
 }
 
