@@ -6,7 +6,7 @@
 #
 #   benchmarks/peers/compare.sh [--runs N] [--types "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K_M
 #                               Q4_K_M Q5_K_M Q6_K IQ4_NL IQ4_XS"]
-#                               [--threads "1 2"] [--batches "8 32"] [--preset small]
+#                               [--threads "1 2"] [--batches "8 32"] [--preset small] [--ik]
 #
 # The F32, F16 and BF16 files are written by `kvpipe init-model --format gguf` (the weights of
 # `dummy:<preset>`); the quantised ones by llama.cpp's llama-quantize from the F16 file, so both
@@ -18,9 +18,12 @@
 # llama.cpp: llama-bench tg128 and pp512, llama-batched-bench -npp 128 -ntg 32 (speed_tg).
 # Floor = read bandwidth (kvpipe_membw, measured at the start of each run and thread count) /
 # weight bytes read per decode step. Every ratio is the median of per-run ratios.
+# --ik adds ik_llama.cpp's llama-bench (benchmarks/peers/build_ik_llama_cpp.sh) as a second
+# peer on the same files, in the same runs: tg128 and pp512 with its run-time repack of the
+# weights into row-interleaved blocks (-rtr 1, its fastest CPU setting), a table of its own.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-runs=3 types="F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K_M Q4_K_M Q5_K_M Q6_K IQ4_NL IQ4_XS" thread_list="1 2" batches="8 32" preset=small
+runs=3 types="F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K_M Q4_K_M Q5_K_M Q6_K IQ4_NL IQ4_XS" thread_list="1 2" batches="8 32" preset=small ik=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) runs=$2; shift 2 ;;
@@ -28,6 +31,7 @@ while [ $# -gt 0 ]; do
     --threads) thread_list=$2; shift 2 ;;
     --batches) batches=$2; shift 2 ;;
     --preset) preset=$2; shift 2 ;;
+    --ik) ik=1; shift ;;
     *) echo "compare: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -37,6 +41,9 @@ bin=benchmarks/peers/llama.cpp/bin
 for tool in llama-bench llama-batched-bench llama-quantize; do
   [ -x "$bin/$tool" ] || { echo "compare: build $tool first (benchmarks/peers/build_llama_cpp.sh)" >&2; exit 2; }
 done
+ik_bench=benchmarks/peers/ik_llama.cpp/bin/llama-bench
+[ $ik = 0 ] || [ -x "$ik_bench" ] ||
+  { echo "compare: --ik needs $ik_bench (benchmarks/peers/build_ik_llama_cpp.sh)" >&2; exit 2; }
 peer="llama.cpp ($(cat benchmarks/peers/llama.cpp/version 2>/dev/null | sed 's/^/llama-cpp-python /'))"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -62,7 +69,7 @@ kv_generate() {  # config, prompt ids, new tokens -> stdout line and stderr in $
     { echo "compare: kvpipe generate failed:" >&2; tail -n 3 "$tmp/err" >&2; exit 1; }
 }
 
-echo "type threads run bw_GBps bytes kv_decode kv_pp512 ll_decode ll_pp512" >"$tmp/rows"
+echo "type threads run bw_GBps bytes kv_decode kv_pp512 ll_decode ll_pp512 ik_decode ik_pp512" >"$tmp/rows"
 echo "type threads batch run kv_tg ll_tg" >"$tmp/batched"
 for type in $types; do
   model=$(model_file "$type")
@@ -80,14 +87,22 @@ YAML
       bytes=$(grep -oE '[0-9]+ weight bytes read per decode step' "$tmp/err" | awk '{print $1}')
       ttft=$(kv_generate "$tmp/job.yaml" "$(ids 512 0)" 1 | field ttft_ms)
       "$bin/llama-bench" -m "$model" -t "$threads" -p 512 -n 128 -r 1 -o json >"$tmp/ll.json" 2>/dev/null
-      read -r ll_pp ll_tg < <(python3 -c '
+      bench_ts() {  # llama-bench JSON -> "pp512 tg128" tokens/s
+        python3 -c '
 import json, sys
 rows = json.load(open(sys.argv[1]))
 ts = {(r["n_prompt"], r["n_gen"]): r["avg_ts"] for r in rows}
-print(ts[(512, 0)], ts[(0, 128)])' "$tmp/ll.json")
+print(ts[(512, 0)], ts[(0, 128)])' "$1"
+      }
+      read -r ll_pp ll_tg < <(bench_ts "$tmp/ll.json")
+      ik_pp=nan ik_tg=nan
+      if [ $ik = 1 ]; then
+        "$ik_bench" -m "$model" -t "$threads" -p 512 -n 128 -r 1 -rtr 1 -o json >"$tmp/ik.json" 2>/dev/null
+        read -r ik_pp ik_tg < <(bench_ts "$tmp/ik.json")
+      fi
       awk -v ty="$type" -v t="$threads" -v r="$r" -v bw="$bw" -v b="$bytes" -v tpot="$tpot" -v ttft="$ttft" \
-        -v pp="$ll_pp" -v tg="$ll_tg" \
-        'BEGIN { printf "%s %d %d %.2f %d %.2f %.2f %.2f %.2f\n", ty, t, r, bw, b, 1000 / tpot, 512000 / ttft, tg, pp }' \
+        -v pp="$ll_pp" -v tg="$ll_tg" -v ipp="$ik_pp" -v itg="$ik_tg" \
+        'BEGIN { printf "%s %d %d %.2f %d %.2f %.2f %.2f %.2f %s %s\n", ty, t, r, bw, b, 1000 / tpot, 512000 / ttft, tg, pp, itg, ipp }' \
         >>"$tmp/rows"
       for batch in $batches; do
         {
@@ -120,8 +135,8 @@ rows = [l.split() for l in open(sys.argv[1]).read().splitlines()[1:]]
 batched = [l.split() for l in open(sys.argv[2]).read().splitlines()[1:]]
 peer, runs, preset = sys.argv[3], sys.argv[4], sys.argv[5]
 groups = defaultdict(list)
-for ty, t, r, bw, b, kd, kp, ld, lp in rows:
-    groups[(ty, int(t))].append((float(bw), int(b), float(kd), float(kp), float(ld), float(lp)))
+for ty, t, r, bw, b, kd, kp, ld, lp, idd, ip in rows:
+    groups[(ty, int(t))].append((float(bw), int(b), float(kd), float(kp), float(ld), float(lp), float(idd), float(ip)))
 print("| type | threads | MB/token | kvpipe decode tok/s | llama.cpp | ratio | floor tok/s | kvpipe/floor | llama.cpp/floor "
       "| kvpipe pp512 tok/s | llama.cpp | ratio |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -132,6 +147,14 @@ for (ty, t), v in groups.items():
           f"{med(lambda x: x[2] / x[4]):.2f} | {med(floor):.1f} | {med(lambda x: x[2] / floor(x)):.2f} | "
           f"{med(lambda x: x[4] / floor(x)):.2f} | {med(lambda x: x[3]):.1f} | {med(lambda x: x[5]):.1f} | "
           f"{med(lambda x: x[3] / x[5]):.2f} |")
+if any(x[6] == x[6] for v in groups.values() for x in v):  # ik_llama.cpp ran (not nan)
+    print()
+    print("| type | threads | kvpipe decode tok/s | ik_llama.cpp | ratio | kvpipe pp512 tok/s | ik_llama.cpp | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (ty, t), v in groups.items():
+        med = lambda f: st.median(f(x) for x in v)
+        print(f"| {ty} | {t} | {med(lambda x: x[2]):.1f} | {med(lambda x: x[6]):.1f} | {med(lambda x: x[2] / x[6]):.2f} | "
+              f"{med(lambda x: x[3]):.1f} | {med(lambda x: x[7]):.1f} | {med(lambda x: x[3] / x[7]):.2f} |")
 if batched:
     print()
     print("| type | threads | batch | kvpipe decode tok/s | llama-batched-bench tok/s | ratio |")
@@ -144,7 +167,7 @@ if batched:
               f"{st.median(x[0] / x[1] for x in v):.2f} |")
 print()
 print(f"{peer}; `{preset}` preset, {runs} run(s); ratio = kvpipe / llama.cpp, medians of per-run ratios.")
-print("raw rows (type threads run bandwidth_GBps bytes_per_token kv_decode kv_pp512 ll_decode ll_pp512):")
+print("raw rows (type threads run bandwidth_GBps bytes_per_token kv_decode kv_pp512 ll_decode ll_pp512 ik_decode ik_pp512):")
 for r in rows:
     print(" ".join(r))
 print("raw batched rows (type threads batch run kv_tok_s ll_tok_s):")

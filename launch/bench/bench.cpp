@@ -2,6 +2,7 @@
 
 #include "engine/kernels/cpu/blas_gemm.h"
 #include "engine/kernels/cpu/cpu_features.h"
+#include "engine/kernels/cpu/quant_matmul.h"
 #include "engine/kernels/cpu/quant_types.h"
 #include "launch/bench/bench_report.h"
 #include "launch/device_plan.h"
@@ -532,6 +533,7 @@ ordered_json bench_machine_json() {
                       {"cpu_features", describe_cpu_features()},
                       {"cpu_kernels", dot_kernel_isa()},
                       {"cpu_float_kernels", float_kernel_isa()},
+                      {"cpu_prompt_kernels", prompt_kernels_description()},
                       {"cores", std::thread::hardware_concurrency()},
                       {"memory_bytes", host_memory_bytes()},
                       {"gpus", at::detail::getCUDAHooks().getNumGPUs()},

@@ -238,7 +238,7 @@ TEST_F(BenchRun, ReportHasEveryFieldAndConsistentNumbers) {
     EXPECT_TRUE(rep.contains(key)) << key;
   for (const char* key : {"version", "git", "build_type", "compiler", "torch", "nccl", "nccl_version", "cpu_blas"})
     EXPECT_TRUE(rep["kvpipe"].contains(key)) << key;
-  for (const char* key : {"hostname", "cpu", "cpu_features", "cpu_kernels", "cpu_float_kernels", "cores", "memory_bytes", "gpus"}) EXPECT_TRUE(rep["machine"].contains(key)) << key;
+  for (const char* key : {"hostname", "cpu", "cpu_features", "cpu_kernels", "cpu_float_kernels", "cpu_prompt_kernels", "cores", "memory_bytes", "gpus"}) EXPECT_TRUE(rep["machine"].contains(key)) << key;
   EXPECT_EQ(rep["world_size"], 1);
   EXPECT_EQ(rep["workload"]["mode"], "closed");
   EXPECT_EQ(rep["workload"]["prompt_len"], json::array({8, 40}));

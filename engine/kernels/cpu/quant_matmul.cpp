@@ -158,6 +158,18 @@ MatmulPath prompt_matmul_path(QuantType type) {
   return int8_gemm_choice(type) ? MatmulPath::kInt8 : MatmulPath::kBlas;
 }
 
+std::string prompt_kernels_description() {
+  if (forced_path() != Forced::kAuto) return forced_path() == Forced::kBlas ? "blas" : "kernel";
+  const std::optional<Int8GemmIsa> widest = int8_gemm_choice(QuantType::Q8_0);
+  if (widest) return std::string("int8 ") + int8_gemm_isa_name(*widest);
+  const std::optional<Int8GemmIsa> narrow = int8_gemm_choice(QuantType::Q4_0);
+  if (!narrow) return "blas";
+  std::string refused;
+  for (QuantType type : {QuantType::Q8_0, QuantType::IQ4_NL, QuantType::IQ4_XS})
+    if (!int8_gemm_choice(type)) refused += std::string(refused.empty() ? "" : ", ") + quant_name(type);
+  return std::string("int8 ") + int8_gemm_isa_name(*narrow) + " (" + refused + ": blas)";
+}
+
 void quant_matmul(const float* x, int64_t n, int64_t ldx, QuantType type, const uint8_t* w, int64_t rows,
                   int64_t cols, float* y, int64_t ldy) {
   if (n <= 0 || rows <= 0) return;

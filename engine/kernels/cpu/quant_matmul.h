@@ -37,5 +37,8 @@ void quant_matmul_on(MatmulPath path, const float* x, int64_t n, int64_t ldx, Qu
 std::string matmul_path_name(MatmulPath path);
 // The path of a product past the kernels' input count for `type` on this processor.
 MatmulPath prompt_matmul_path(QuantType type);
+// What prompts of the block types run on here, for reports: "int8 avx512-vnni",
+// "int8 avx2 (Q8_0, IQ4_NL, IQ4_XS: blas)", or "blas".
+std::string prompt_kernels_description();
 
 }  // namespace kvpipe
