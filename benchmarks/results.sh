@@ -144,7 +144,7 @@ varies by up to 30% between runs): read the medians, and the ratios to reference
 in the same run, rather than single figures.
 """
 parts = [head, block("standard-sweep", open(section_file).read())]
-for name in ["platform", "decode", "pipeline", "tensor", "cache", "peers", "peers-intel", "cpu-kernels-intel", "cpu-kernels-amd",
+for name in ["platform", "decode", "pipeline", "tensor", "cache", "peers", "peers-intel", "cpu-kernels-intel", "cpu-kernels-amd", "cpu-kernels-zen4",
              "serve",
              "structured-outputs", "speculative"]:
     fresh = os.path.join(rerun_dir, name + ".md")
