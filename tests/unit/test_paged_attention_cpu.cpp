@@ -182,6 +182,9 @@ TEST(CpuPagedAttention, PortableBuildMatchesFloat64) {
     const Inputs in = make_inputs(c);
     EXPECT_LT(max_relative_error(run_kernel(in, c), direct_float64(in, c)), 2e-5) << describe(c);
   }
+  // The choice stays made in this process; the kvpipe processes later tests start must not
+  // inherit the variable when tests share a process (gtest run by hand).
+  unsetenv("KVPIPE_CPU_KERNELS");
 }
 
 // Many sequences split over two threads give the values one thread gives.
