@@ -157,12 +157,16 @@ struct Avx2Ops {
     }
     for (int t = 0; t < 4; ++t) e[t] = _mm256_add_ps(e[t], o[t]);
     // Lanes i + (i + 4) of each key: [u0 | u1] and [u2 | u3].
-    const __m256 u01 = _mm256_add_ps(_mm256_permute2f128_ps(e[0], e[1], 0x20), _mm256_permute2f128_ps(e[0], e[1], 0x31));
-    const __m256 u23 = _mm256_add_ps(_mm256_permute2f128_ps(e[2], e[3], 0x20), _mm256_permute2f128_ps(e[2], e[3], 0x31));
-    // (u_0 + u_2) and (u_1 + u_3) of each key, then their sum: key 0 in lane 0, 2 in 1, 1 in 4, 3 in 5.
+    const __m256 u01 =
+        _mm256_add_ps(_mm256_permute2f128_ps(e[0], e[1], 0x20), _mm256_permute2f128_ps(e[0], e[1], 0x31));
+    const __m256 u23 =
+        _mm256_add_ps(_mm256_permute2f128_ps(e[2], e[3], 0x20), _mm256_permute2f128_ps(e[2], e[3], 0x31));
+    // (u_0 + u_2) and (u_1 + u_3) of each key, then their sum: key 0 in lane 0, 2 in 1, 1 in 4,
+    // 3 in 5.
     const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(u01, u23, _MM_SHUFFLE(1, 0, 1, 0)),
                                    _mm256_shuffle_ps(u01, u23, _MM_SHUFFLE(3, 2, 3, 2)));
-    return _mm256_add_ps(_mm256_shuffle_ps(r, r, _MM_SHUFFLE(2, 0, 2, 0)), _mm256_shuffle_ps(r, r, _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_add_ps(_mm256_shuffle_ps(r, r, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm256_shuffle_ps(r, r, _MM_SHUFFLE(3, 1, 3, 1)));
   }
   KVPIPE_PAGED_AVX2 static void chunk_scores(const float* q, int64_t group, int64_t hd, const float* const* k,
                                              int64_t n, float scale, float* scores, int64_t ld) {

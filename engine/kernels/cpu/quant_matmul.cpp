@@ -131,11 +131,11 @@ void run_path(MatmulPath path, const float* x, int64_t n, int64_t ldx, const Act
   }
 }
 
-// Inputs up to which the kernels serve a product; BLAS beyond. A fixed rule, not a timing:
-// the two paths round differently, and a choice made by the clock would make a job's tokens
-// depend on how busy the machine was. The kernels are built for decode batches (a batch of
-// up to 64 reads the weights about once); longer inputs are prefill, where sgemm's blocking
-// wins.
+// Inputs up to which the kernels serve a product; the 8-bit products or BLAS beyond (by type
+// and processor). A fixed rule, not a timing: the paths round differently, and a choice made
+// by the clock would make a job's tokens depend on how busy the machine was. The kernels are
+// built for decode batches (a batch of up to 64 reads the weights about once); longer inputs
+// are prefill, where a blocked product wins.
 constexpr int64_t kMaxKernelBatch = 64;
 
 }  // namespace
@@ -179,7 +179,8 @@ void quant_matmul(const float* x, int64_t n, int64_t ldx, QuantType type, const 
   Activations a;
   prepare_activations(x, n, ldx, type, cols, a);
   const Forced forced = forced_path();
-  const MatmulPath path = forced == Forced::kAuto && n <= kMaxKernelBatch ? MatmulPath::kKernel : prompt_matmul_path(type);
+  const MatmulPath path =
+      forced == Forced::kAuto && n <= kMaxKernelBatch ? MatmulPath::kKernel : prompt_matmul_path(type);
   run_path(path, x, n, ldx, a, type, w, rows, cols, y, ldy);
 }
 
