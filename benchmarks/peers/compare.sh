@@ -64,6 +64,14 @@ model_file() {  # writes $tmp/<type>.gguf once
   echo "$f"
 }
 
+bench_ts() {  # llama-bench JSON -> "pp512 tg128" tokens/s
+  python3 -c '
+import json, sys
+rows = json.load(open(sys.argv[1]))
+ts = {(r["n_prompt"], r["n_gen"]): r["avg_ts"] for r in rows}
+print(ts[(512, 0)], ts[(0, 128)])' "$1"
+}
+
 kv_generate() {  # config, prompt ids, new tokens -> stdout line and stderr in $tmp/err
   "$kvpipe" generate --config "$1" --prompt-ids "$2" --max-new-tokens "$3" 2>"$tmp/err" ||
     { echo "compare: kvpipe generate failed:" >&2; tail -n 3 "$tmp/err" >&2; exit 1; }
@@ -87,13 +95,6 @@ YAML
       bytes=$(grep -oE '[0-9]+ weight bytes read per decode step' "$tmp/err" | awk '{print $1}')
       ttft=$(kv_generate "$tmp/job.yaml" "$(ids 512 0)" 1 | field ttft_ms)
       "$bin/llama-bench" -m "$model" -t "$threads" -p 512 -n 128 -r 1 -o json >"$tmp/ll.json" 2>/dev/null
-      bench_ts() {  # llama-bench JSON -> "pp512 tg128" tokens/s
-        python3 -c '
-import json, sys
-rows = json.load(open(sys.argv[1]))
-ts = {(r["n_prompt"], r["n_gen"]): r["avg_ts"] for r in rows}
-print(ts[(512, 0)], ts[(0, 128)])' "$1"
-      }
       read -r ll_pp ll_tg < <(bench_ts "$tmp/ll.json")
       ik_pp=nan ik_tg=nan
       if [ $ik = 1 ]; then

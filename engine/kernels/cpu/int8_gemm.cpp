@@ -151,21 +151,8 @@ const char* int8_gemm_isa_name(Int8GemmIsa isa) {
 }
 
 bool int8_gemm_supports(QuantType type) {
-  switch (type) {
-    case QuantType::Q8_0:
-    case QuantType::Q4_0:
-    case QuantType::Q4_1:
-    case QuantType::Q5_0:
-    case QuantType::Q5_1:
-    case QuantType::IQ4_NL:
-    case QuantType::Q4_K:
-    case QuantType::Q5_K:
-    case QuantType::IQ4_XS:
-    case QuantType::Q2_K:
-    case QuantType::Q3_K:
-    case QuantType::Q6_K: return true;
-    default: return false;
-  }
+  // Every block type unpacks to the unsigned form; the float types take float activations.
+  return quant_traits(type).activation != ActivationType::F32;
 }
 
 bool int8_gemm_runs(Int8GemmIsa isa, QuantType type) {
@@ -192,7 +179,7 @@ void int8_gemm(Int8GemmIsa isa, const uint8_t* x, int64_t x_stride, int64_t n, Q
     throw std::invalid_argument(std::string("int8_gemm: ") + int8_gemm_isa_name(isa) + " does not compute " +
                                 quant_name(type) + " on this processor");
   if (n <= 0 || rows <= 0) return;
-  if (cols % kRun != 0 || !quant_row_fits(type, cols))
+  if (!quant_row_fits(type, cols))
     throw std::invalid_argument("int8_gemm: rows of " + std::to_string(cols) + " values do not fit " +
                                 quant_name(type) + " blocks");
   const TileFn tile = tile_for(isa);

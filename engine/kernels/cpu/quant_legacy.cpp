@@ -354,26 +354,19 @@ bool legacy_unpack_row_u8(QuantType type, const uint8_t* row, int64_t cols, uint
     const uint8_t* blk = row + b * block_bytes;
     const float scale = load_half(blk);
     int8_t q[kBlock];
-    // The signed types move to 0..255 (or 0..2^bits - 1) by their offset, which m takes back.
+    // Signed values move up into bytes by their offset, which m takes back; Q4_1's and Q5_1's
+    // are unsigned already and m is their block minimum.
     int offset = 0;
     float min = 0;
     switch (type) {
-      case QuantType::Q8_0:
-        std::memcpy(q, blk + 2, kBlock);
-        offset = 128;
-        break;
-      case QuantType::Q4_0: unpack_nibbles(blk + 2, 0, q), offset = 8; break;
+      case QuantType::Q8_0: std::memcpy(q, blk + 2, kBlock), offset = 128; break;
+      case QuantType::Q4_0: unpack_nibbles(blk + 2, 8, q), offset = 8; break;
       case QuantType::Q4_1: unpack_nibbles(blk + 4, 0, q), min = load_half(blk + 2); break;
-      case QuantType::Q5_0: unpack_five_bits(blk + 2, blk + 6, 0, q), offset = 16; break;
+      case QuantType::Q5_0: unpack_five_bits(blk + 2, blk + 6, 16, q), offset = 16; break;
       case QuantType::Q5_1: unpack_five_bits(blk + 4, blk + 8, 0, q), min = load_half(blk + 2); break;
-      default:  // IQ4_NL: the grid's signed values
-        unpack_iq4nl(blk + 2, q);
-        offset = 128;
-        break;
+      default: unpack_iq4nl(blk + 2, q), offset = 128; break;  // IQ4_NL
     }
-    // Q8_0 and IQ4_NL hold signed values; the nibble and five-bit types unsigned ones already.
-    const int shift = type == QuantType::Q8_0 || type == QuantType::IQ4_NL ? 128 : 0;
-    for (int64_t i = 0; i < kBlock; ++i) u[i] = static_cast<uint8_t>(q[i] + shift);
+    for (int64_t i = 0; i < kBlock; ++i) u[i] = static_cast<uint8_t>(q[i] + offset);
     d[b] = scale;
     m[b] = offset != 0 ? -static_cast<float>(offset) * scale : min;
   }
