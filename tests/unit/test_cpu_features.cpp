@@ -58,7 +58,8 @@ TEST(CpuFeatures, TrialFaultsAreCaughtAndHandlersRestored) {
 }
 
 TEST(CpuFeatures, ProbesOfThisProcessorAreConsistent) {
-  for (CpuFeature f : {CpuFeature::kAvx2Fma, CpuFeature::kAvx512, CpuFeature::kAvx512Vnni, CpuFeature::kAmx}) {
+  for (CpuFeature f : {CpuFeature::kAvx2Fma, CpuFeature::kAvx512, CpuFeature::kAvx512Vnni, CpuFeature::kAvx512Bf16,
+                        CpuFeature::kAmx}) {
     const CpuFeatureProbe p = probe_cpu_feature(f);
     EXPECT_TRUE(p.advertised || (!p.os_enabled && !p.executes)) << p.describe();
     EXPECT_TRUE(p.os_enabled || !p.executes) << p.describe();
@@ -77,6 +78,9 @@ TEST(CpuFeatures, ProbesOfThisProcessorAreConsistent) {
             probe_cpu_feature(CpuFeature::kAvx512).advertised && __builtin_cpu_supports("avx512vnni"));
   // VNNI is part of AVX-512 here: usable only where the AVX-512 probe passes too.
   EXPECT_TRUE(!probe_cpu_feature(CpuFeature::kAvx512Vnni).usable() || probe_cpu_feature(CpuFeature::kAvx512).usable());
+  EXPECT_EQ(probe_cpu_feature(CpuFeature::kAvx512Bf16).advertised,
+            probe_cpu_feature(CpuFeature::kAvx512).advertised && __builtin_cpu_supports("avx512bf16"));
+  EXPECT_TRUE(!probe_cpu_feature(CpuFeature::kAvx512Bf16).usable() || probe_cpu_feature(CpuFeature::kAvx512).usable());
 #endif
   const char* env = std::getenv("KVPIPE_CPU_KERNELS");
   const bool forced = env != nullptr && std::string(env) == "portable";
@@ -84,6 +88,7 @@ TEST(CpuFeatures, ProbesOfThisProcessorAreConsistent) {
   const std::string all = describe_cpu_features();
   EXPECT_NE(all.find("avx2+fma "), std::string::npos) << all;
   EXPECT_NE(all.find(", avx512-vnni "), std::string::npos) << all;
+  EXPECT_NE(all.find(", avx512-bf16 "), std::string::npos) << all;
   EXPECT_NE(all.find(", amx "), std::string::npos) << all;
   std::printf("this processor: %s\n", all.c_str());
 }

@@ -30,7 +30,7 @@ void on_trial_fault(int sig) {
 #if defined(__x86_64__)
 
 struct CpuidBits {
-  uint32_t leaf1_ecx = 0, leaf7_ebx = 0, leaf7_ecx = 0, leaf7_edx = 0;
+  uint32_t leaf1_ecx = 0, leaf7_ebx = 0, leaf7_ecx = 0, leaf7_edx = 0, leaf7_1_eax = 0;
   uint64_t xcr0 = 0;  // 0 when the OS has not enabled XSAVE (OSXSAVE clear)
 };
 
@@ -43,6 +43,11 @@ CpuidBits read_cpuid() {
     bits.leaf7_ebx = b;
     bits.leaf7_ecx = c;
     bits.leaf7_edx = d;
+    const unsigned subleaves = a;  // leaf 7's highest subleaf
+    if (subleaves >= 1) {
+      __cpuid_count(7, 1, a, b, c, d);
+      bits.leaf7_1_eax = a;
+    }
   }
   if (bits.leaf1_ecx & (1u << 27)) {  // OSXSAVE: xgetbv may be executed
     uint32_t lo = 0, hi = 0;
@@ -79,6 +84,17 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"))) void tr
   const __m256i s = _mm256_set1_epi8(-3);
   const __m256i r = _mm256_dpbusd_epi32(_mm256_set1_epi32(1), u, s);
   trial_ok = _mm256_extract_epi32(r, 7) == 1 + 4 * 200 * -3;
+  if (!trial_ok) std::raise(SIGFPE);  // wrong sum: counts as a fault
+}
+
+// One bfloat16 pair product into a float lane (2 * 1.5 + 0.5 * 4 = 5), checked.
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"))) void trial_avx512_bf16() {
+  volatile float seed = 1.5f;  // not foldable
+  const __m256 a = _mm256_setr_ps(2.0f, 0.5f, 2.0f, 0.5f, 2.0f, 0.5f, 2.0f, 0.5f);
+  const __m256 b = _mm256_setr_ps(seed, 4.0f, seed, 4.0f, seed, 4.0f, seed, 4.0f);
+  const __m128bh pa = _mm256_cvtneps_pbh(a), pb = _mm256_cvtneps_pbh(b);
+  const __m128 r = _mm_dpbf16_ps(_mm_setzero_ps(), pa, pb);
+  trial_ok = _mm_cvtss_f32(r) == 5.0f;
   if (!trial_ok) std::raise(SIGFPE);  // wrong sum: counts as a fault
 }
 
@@ -138,16 +154,19 @@ CpuFeatureProbe probe(CpuFeature feature) {
       trial = trial_avx2_fma;
       break;
     case CpuFeature::kAvx512:
-      p.advertised = all_bits(bits.leaf7_ebx, (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31));
-      p.os_enabled = all_bits(bits.xcr0, 0xe6);  // plus opmask, ZMM0-15 upper halves, ZMM16-31
-      trial = trial_avx512;
-      break;
     case CpuFeature::kAvx512Vnni:
-      p.advertised = all_bits(bits.leaf7_ebx, (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31)) &&
-                     all_bits(bits.leaf7_ecx, 1u << 11);
-      p.os_enabled = all_bits(bits.xcr0, 0xe6);
-      trial = trial_avx512_vnni;
+    case CpuFeature::kAvx512Bf16: {
+      // F, DQ, BW and VL, and for the extensions their own bit (leaf 7 ecx 11; leaf 7.1 eax 5).
+      const bool extension = feature == CpuFeature::kAvx512       ? true
+                             : feature == CpuFeature::kAvx512Vnni ? all_bits(bits.leaf7_ecx, 1u << 11)
+                                                                  : all_bits(bits.leaf7_1_eax, 1u << 5);
+      p.advertised = all_bits(bits.leaf7_ebx, (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31)) && extension;
+      p.os_enabled = all_bits(bits.xcr0, 0xe6);  // plus opmask, ZMM0-15 upper halves, ZMM16-31
+      trial = feature == CpuFeature::kAvx512       ? trial_avx512
+              : feature == CpuFeature::kAvx512Vnni ? trial_avx512_vnni
+                                                   : trial_avx512_bf16;
       break;
+    }
     case CpuFeature::kAmx:
       p.advertised = all_bits(bits.leaf7_edx, (1u << 24) | (1u << 25));
       p.os_enabled = p.advertised && all_bits(bits.xcr0, 0x60000) && amx_permitted();  // TILECFG, TILEDATA
@@ -207,6 +226,10 @@ CpuFeatureProbe probe_cpu_feature(CpuFeature feature) {
       static const CpuFeatureProbe p = probe(feature);
       return p;
     }
+    case CpuFeature::kAvx512Bf16: {
+      static const CpuFeatureProbe p = probe(feature);
+      return p;
+    }
     case CpuFeature::kAmx: {
       static const CpuFeatureProbe p = probe(feature);
       return p;
@@ -222,7 +245,8 @@ const char* choose_kernel_isa(const CpuFeatureProbe& avx2_fma, bool force_portab
 std::string describe_cpu_features() {
   return "avx2+fma " + probe_cpu_feature(CpuFeature::kAvx2Fma).describe() + ", avx512 " +
          probe_cpu_feature(CpuFeature::kAvx512).describe() + ", avx512-vnni " +
-         probe_cpu_feature(CpuFeature::kAvx512Vnni).describe() + ", amx " +
+         probe_cpu_feature(CpuFeature::kAvx512Vnni).describe() + ", avx512-bf16 " +
+         probe_cpu_feature(CpuFeature::kAvx512Bf16).describe() + ", amx " +
          probe_cpu_feature(CpuFeature::kAmx).describe();
 }
 

@@ -17,6 +17,7 @@ enum class CpuFeature {
   kAvx2Fma,  // AVX2 + FMA (+ F16C): the "avx2" dot-product kernels
   kAvx512,   // AVX-512 F/BW/DQ/VL
   kAvx512Vnni,  // kAvx512 + VNNI (8-bit dot products into 32-bit lanes)
+  kAvx512Bf16,  // kAvx512 + AVX512-BF16 (bfloat16 pair products into float lanes)
   kAmx,      // AMX-TILE + AMX-INT8
 };
 
@@ -43,7 +44,7 @@ const char* choose_kernel_isa(const CpuFeatureProbe& avx2_fma, bool force_portab
 // SIGBUS or SIGFPE). The process's handlers for those signals are restored before it returns.
 bool runs_without_fault(void (*trial)());
 
-// "avx2+fma usable, avx512 faults, avx512-vnni faults, amx absent": every feature's probe, for logs and reports.
+// "avx2+fma usable, avx512 faults, avx512-vnni faults, avx512-bf16 faults, amx absent": every feature's probe, for logs and reports.
 std::string describe_cpu_features();
 
 }  // namespace kvpipe
