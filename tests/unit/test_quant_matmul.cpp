@@ -1,5 +1,6 @@
 // The thread pool, quant_matmul's paths and WeightMatrix, against float64 references of
 // the dequantised weights (the per-type kernels have their own tests).
+#include "engine/kernels/cpu/bf16_gemm.h"
 #include "engine/kernels/cpu/int8_gemm.h"
 #include "engine/kernels/cpu/quant_matmul.h"
 #include "engine/kernels/cpu/thread_pool.h"
@@ -89,6 +90,7 @@ TEST_P(QuantMatmul, BothPathsMatchFloat64OnAnyThreadCount) {
       const std::vector<double> ref = reference(type, w, x, n, rows, cols, &magnitude);
       std::vector<MatmulPath> paths = {MatmulPath::kKernel, MatmulPath::kBlas};
       if (int8_gemm_choice(type)) paths.push_back(MatmulPath::kInt8);
+      if (type == QuantType::BF16 && bf16_gemm_choice()) paths.push_back(MatmulPath::kBf16);
       for (const MatmulPath path : paths) {
         std::vector<float> y(static_cast<size_t>(n * (rows + 3)), -1.0f);
         quant_matmul_on(path, x.data(), n, cols, type, w.data(), rows, cols, y.data(), rows + 3);
@@ -98,7 +100,9 @@ TEST_P(QuantMatmul, BothPathsMatchFloat64OnAnyThreadCount) {
             // Q4_1's and Q5_1's kernels take the activation block sum as Q8_1 stores it, in
             // float16 (as ggml does): 2^-11 relative on that term (exact in test_quant_legacy).
             const bool q8_1 = type == QuantType::Q4_1 || type == QuantType::Q5_1;
-            const double tol = (q8_1 ? 1e-3 : 1e-5) * magnitude[i * rows + r] + 1e-6;
+            // The bfloat16 products round the activations to bfloat16: 2^-9 relative each.
+            const double rel = path == MatmulPath::kBf16 ? 2.5e-3 : q8_1 ? 1e-3 : 1e-5;
+            const double tol = rel * magnitude[i * rows + r] + 1e-6;
             ASSERT_NEAR(y[i * (rows + 3) + r], want, tol)
                 << quant_name(type) << " " << matmul_path_name(path) << " n=" << n << " threads=" << threads;
           }

@@ -62,4 +62,12 @@ inline float bf16_to_fp32(uint16_t b) {
   return bits_to_fp32(static_cast<uint32_t>(b) << 16);
 }
 
+// Round to nearest even, as llama.cpp's GGML_FP32_TO_BF16 (NaN stays a quiet NaN; subnormals
+// are kept, unlike vcvtneps2bf16, which flushes them).
+inline uint16_t fp32_to_bf16(float f) {
+  const uint32_t x = fp32_to_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
 }  // namespace kvpipe::quant_impl

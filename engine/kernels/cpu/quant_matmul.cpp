@@ -1,5 +1,6 @@
 #include "engine/kernels/cpu/quant_matmul.h"
 
+#include "engine/kernels/cpu/bf16_gemm.h"
 #include "engine/kernels/cpu/blas_gemm.h"
 #include "engine/kernels/cpu/int8_gemm.h"
 #include "engine/kernels/cpu/thread_pool.h"
@@ -128,6 +129,15 @@ void run_path(MatmulPath path, const float* x, int64_t n, int64_t ldx, const Act
                                     " on this processor");
       return int8_gemm(*isa, a.data, a.stride, n, type, w, rows, cols, y, ldy);
     }
+    case MatmulPath::kBf16: {
+      const std::optional<Bf16GemmIsa> isa = bf16_gemm_choice();
+      if (type != QuantType::BF16 || !isa)
+        throw std::invalid_argument(std::string("quant_matmul: no bfloat16 product for ") + quant_name(type) +
+                                    " on this processor");
+      // Rows of an odd length have no whole pairs; no model kvpipe reads has them.
+      if (cols % 2 != 0) return run_blas(x, n, ldx, a, type, w, rows, cols, y, ldy);
+      return bf16_gemm(*isa, x, n, ldx, reinterpret_cast<const uint16_t*>(w), rows, cols, y, ldy);
+    }
   }
 }
 
@@ -145,6 +155,7 @@ std::string matmul_path_name(MatmulPath path) {
     case MatmulPath::kKernel: return "kernel";
     case MatmulPath::kBlas: return "blas";
     case MatmulPath::kInt8: return "int8";
+    case MatmulPath::kBf16: return "bf16";
   }
   return "?";
 }
@@ -155,11 +166,13 @@ MatmulPath prompt_matmul_path(QuantType type) {
     case Forced::kBlas: return MatmulPath::kBlas;
     case Forced::kAuto: break;
   }
+  if (type == QuantType::BF16) return bf16_gemm_choice() ? MatmulPath::kBf16 : MatmulPath::kBlas;
   return int8_gemm_choice(type) ? MatmulPath::kInt8 : MatmulPath::kBlas;
 }
 
-std::string prompt_kernels_description() {
-  if (forced_path() != Forced::kAuto) return forced_path() == Forced::kBlas ? "blas" : "kernel";
+namespace {
+
+std::string block_prompt_kernels() {
   const std::optional<Int8GemmIsa> widest = int8_gemm_choice(QuantType::Q8_0);
   if (widest) return std::string("int8 ") + int8_gemm_isa_name(*widest);
   const std::optional<Int8GemmIsa> narrow = int8_gemm_choice(QuantType::Q4_0);
@@ -168,6 +181,14 @@ std::string prompt_kernels_description() {
   for (QuantType type : {QuantType::Q8_0, QuantType::IQ4_NL, QuantType::IQ4_XS})
     if (!int8_gemm_choice(type)) refused += std::string(refused.empty() ? "" : ", ") + quant_name(type);
   return std::string("int8 ") + int8_gemm_isa_name(*narrow) + " (" + refused + ": blas)";
+}
+
+}  // namespace
+
+std::string prompt_kernels_description() {
+  if (forced_path() != Forced::kAuto) return forced_path() == Forced::kBlas ? "blas" : "kernel";
+  const std::optional<Bf16GemmIsa> bf16 = bf16_gemm_choice();
+  return block_prompt_kernels() + "; BF16: " + (bf16 ? bf16_gemm_isa_name(*bf16) : "blas");
 }
 
 void quant_matmul(const float* x, int64_t n, int64_t ldx, QuantType type, const uint8_t* w, int64_t rows,

@@ -1,0 +1,42 @@
+// bf16_gemm: prompt-sized products y = x W^T for BF16 weights on processors with AVX512-BF16,
+// as llama.cpp multiplies a BF16 model's prompt: the activations rounded to bfloat16 once per
+// call, then one vdpbf16ps per pair of values of 16 rows (twice sgemm's multiply-adds per
+// instruction), instead of widening weight tiles to float32 for sgemm.
+//
+// Owns the per-call repack of each thread's weight rows into interleaved groups of 16 (pair p
+// of row i at word 16 p + i, so that one 64-byte load holds the next pair of all 16 rows) in a
+// panel of scratch per thread, rebuilt at every call (no second copy of the weights), and the
+// tile kernels: AVX512-BF16 and portable C++.
+//
+// Guarantees: every product of two bfloat16 values is exact in float32; each row's sum over
+// its pairs is accumulated in float32 in pair order, the odd value of a pair before the even
+// one (vdpbf16ps's order). The portable tile does exactly that; the vector tile is the
+// processor's instruction, which the tests hold to the portable one within float32 rounding.
+// A row's result depends neither on the other inputs of the call nor on the thread split. The
+// activations' rounding to bfloat16 (relative error up to 2^-9 each) is what the path costs
+// against the float32 one; KVPIPE_CPU_MATMUL=blas keeps prompts on sgemm.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+namespace kvpipe {
+
+enum class Bf16GemmIsa { kPortable, kAvx512Bf16 };
+
+// "portable" or "avx512-bf16".
+const char* bf16_gemm_isa_name(Bf16GemmIsa isa);
+
+// Whether `isa` runs here: the AVX512-BF16 probe passed and KVPIPE_CPU_KERNELS allows AVX-512.
+bool bf16_gemm_runs(Bf16GemmIsa isa);
+
+// The vector ISA that serves BF16 prompts here, or nothing (they then go through BLAS).
+std::optional<Bf16GemmIsa> bf16_gemm_choice();
+
+// y[j * ldy + r] = sum_c W[r, c] bf16(x[j * ldx + c]) for j < n, r < rows: W's BF16 rows at w,
+// cols values each (cols even). On the rank's thread pool. Throws std::invalid_argument where
+// `isa` does not run here or cols is odd.
+void bf16_gemm(Bf16GemmIsa isa, const float* x, int64_t n, int64_t ldx, const uint16_t* w, int64_t rows,
+               int64_t cols, float* y, int64_t ldy);
+
+}  // namespace kvpipe

@@ -1,0 +1,23 @@
+// bf16_gemm's halves (bf16_gemm.h): the packed group layout both read, and the tile kernels,
+// portable (bf16_gemm.cpp) and x86 (bf16_gemm_x86.cpp, compiled with target attributes and
+// called only where the processor runs them).
+#pragma once
+
+#include <cstdint>
+
+namespace kvpipe::bf16_gemm_impl {
+
+constexpr int kGroupRows = 16;
+
+// One group of 16 rows: group[16 p + i] holds values 2p (low half) and 2p + 1 (high half) of
+// row i. xb holds the activations as bfloat16 pairs, row j's pair p at xb[j * pairs + p].
+// Writes y[j * ldy + i] for j0 <= j < j0 + count and rows i < valid.
+using TileFn = void (*)(const uint32_t* group, const uint32_t* xb, int64_t pairs, int64_t j0, int64_t count,
+                        float* y, int64_t ldy, int valid);
+
+void tile_portable(const uint32_t* group, const uint32_t* xb, int64_t pairs, int64_t j0, int64_t count, float* y,
+                   int64_t ldy, int valid);
+void tile_avx512bf16(const uint32_t* group, const uint32_t* xb, int64_t pairs, int64_t j0, int64_t count, float* y,
+                     int64_t ldy, int valid);
+
+}  // namespace kvpipe::bf16_gemm_impl
