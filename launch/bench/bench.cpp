@@ -5,6 +5,7 @@
 #include "engine/kernels/cpu/quant_matmul.h"
 #include "engine/kernels/cpu/quant_types.h"
 #include "launch/bench/bench_report.h"
+#include "launch/bench/dataset_workload.h"
 #include "launch/device_plan.h"
 #include "launch/job_config.h"
 #include "launch/job_plan.h"
@@ -59,6 +60,8 @@ struct RequestRow {
   int64_t prompt_tokens = 0, output_tokens = 0, preemptions = 0;
   double ttft_ms = 0, tpot_ms = 0, e2e_ms = 0, itl_max_ms = 0;
   std::string finish_reason;
+  int64_t conversation = -1, turn = -1;  // multi_turn: which conversation and turn (from 0)
+  int64_t cached_tokens = 0;             // prompt tokens found in the prefix cache
 };
 
 // What rank 0 measured; filled by the coordinator, reported after the job.
@@ -115,13 +118,33 @@ std::vector<Request> to_requests(const std::vector<WorkloadRequest>& drawn, int6
   return out;
 }
 
-// Rank 0: warm-up, then the measured phase.
-void run_benchmark(CoordinatorContext& c, TraceRecorder& trace, const BenchOptions& o, Measured& m) {
+// multi_turn options for requests numbered from `first_id`.
+MultiTurnOptions multi_turn_options(const JobConfig& job, int64_t context, int64_t first_id,
+                                    const LogitsProcessing& processing) {
+  MultiTurnOptions mo;
+  mo.concurrency = job.workload.concurrency;
+  mo.turn_gap_s = job.workload.turn_gap;
+  mo.context = context;
+  mo.first_id = first_id;
+  mo.sampling = request_sampling(job.sampling);
+  mo.processing = processing;
+  return mo;
+}
+
+// Rank 0: warm-up, then the measured phase. `data`: the dataset workload (null: random tokens).
+void run_benchmark(CoordinatorContext& c, TraceRecorder& trace, const BenchOptions& o, DatasetWorkload* data,
+                   Measured& m) {
   const JobConfig& job = c.job;
   const WorkloadSection& w = job.workload;
+  const bool multi_turn = data != nullptr && w.mode == "multi_turn";
+  const int64_t context = c.plan.longest_request;  // the model's context, or less where cache.memory says
+  MultiTurnSource* turn_source = nullptr;  // the running multi_turn source, told of finished turns
   EngineOptions eo = engine_options(job, c.plan, c.draft_model);
   eo.should_stop = [] { return stop_requested(); };
   eo.trace = &trace;
+  eo.on_finished = [&turn_source](const Sequence& s) {
+    if (turn_source != nullptr) turn_source->on_finished(s);
+  };
   Engine engine(c.executor, c.plan.model, c.plan.partition.num_blocks, eo);
   const int64_t vocab = c.plan.model.vocab_size;
   // The job's penalties and bias apply to the synthetic requests too (bad words need the
@@ -130,9 +153,23 @@ void run_benchmark(CoordinatorContext& c, TraceRecorder& trace, const BenchOptio
   if (!job.sampling.bad_words.empty()) text = std::make_unique<ModelText>(job.model.path);
   const LogitsProcessing processing = request_processing(job.sampling, text.get(), vocab);
 
-  if (w.warmup > 0) {
+  if (w.warmup > 0 && multi_turn) {
+    // The first turns of the warm-up's conversations.
+    log_printf(LogLevel::kInfo, "bench: the first turns of %d warm-up conversation(s)", w.warmup);
+    std::vector<Conversation> firsts(data->conversations.begin(), data->conversations.begin() + w.warmup);
+    for (Conversation& conversation : firsts) conversation.turns.resize(1);
+    DatasetSummary not_reported;
+    MultiTurnSource warm(std::move(firsts), *data->text, multi_turn_options(job, context, 0, processing), not_reported);
+    turn_source = &warm;
+    engine.set_source(&warm);
+    engine.run();
+    turn_source = nullptr;
+  } else if (w.warmup > 0) {
     log_printf(LogLevel::kInfo, "bench: %d warm-up request(s)", w.warmup);
-    WorkloadSource warm(to_requests(make_workload(w, vocab, 0, w.warmup), 0, job, processing), std::vector<double>(w.warmup, 0.0),
+    const std::vector<WorkloadRequest> warm_requests =
+        data != nullptr ? std::vector<WorkloadRequest>(data->requests.begin(), data->requests.begin() + w.warmup)
+                        : make_workload(w, vocab, 0, w.warmup);
+    WorkloadSource warm(to_requests(warm_requests, 0, job, processing), std::vector<double>(w.warmup, 0.0),
                         w.concurrency, 0.0, Clock::now());
     engine.set_source(&warm);
     engine.run();
@@ -142,24 +179,48 @@ void run_benchmark(CoordinatorContext& c, TraceRecorder& trace, const BenchOptio
   const PrefixCacheStats prefix_before = engine.scheduler().blocks().stats();
   const SchedulerStats sched_before = engine.scheduler().stats();
 
-  const std::vector<WorkloadRequest> drawn = make_workload(w, vocab, w.warmup, w.requests);
+  std::vector<WorkloadRequest> drawn;
+  if (data == nullptr) {
+    drawn = make_workload(w, vocab, w.warmup, w.requests);
+  } else if (!multi_turn) {
+    drawn.assign(data->requests.begin() + w.warmup, data->requests.end());
+    const std::vector<double> due = arrival_times(w, static_cast<int64_t>(drawn.size()));
+    for (size_t i = 0; i < drawn.size(); ++i) drawn[i].arrival_s = due[i];
+  }
   std::vector<double> arrivals;
   for (const WorkloadRequest& r : drawn) arrivals.push_back(r.arrival_s);
-  log_printf(LogLevel::kInfo, "bench: %d measured request(s), %s", w.requests,
-             w.rate > 0 ? ("open loop at " + std::to_string(w.rate) + " requests/s").c_str()
-                        : ("closed loop, concurrency " + std::to_string(w.concurrency)).c_str());
+  if (multi_turn)
+    log_printf(LogLevel::kInfo, "bench: %d measured conversation(s) turn by turn, %d at once, %.3g s between turns",
+               w.requests, w.concurrency, w.turn_gap);
+  else
+    log_printf(LogLevel::kInfo, "bench: %d measured request(s), %s", w.requests,
+               w.rate > 0 ? ("open loop at " + std::to_string(w.rate) + " requests/s").c_str()
+                          : ("closed loop, concurrency " + std::to_string(w.concurrency)).c_str());
   std::map<int64_t, std::vector<Clock::time_point>> token_times;
   std::unique_ptr<OpProfiler> profiler;
   if (o.profile) profiler = std::make_unique<OpProfiler>((std::filesystem::path(o.out_dir) / "profile_rank0.json").string());
-  ProgressBar progress(static_cast<int64_t>(w.requests) * w.output_len.hi, w.output_len.lo == w.output_len.hi);
+  ProgressBar progress(data != nullptr ? data->output_tokens : static_cast<int64_t>(w.requests) * w.output_len.hi,
+                       data != nullptr || w.output_len.lo == w.output_len.hi);
   m.start = Clock::now();
-  WorkloadSource source(to_requests(drawn, w.warmup, job, processing), arrivals, w.concurrency, w.rate, m.start);
-  engine.set_source(&source);
+  std::unique_ptr<WorkloadSource> source;
+  std::unique_ptr<MultiTurnSource> turns;
+  if (multi_turn) {
+    turns = std::make_unique<MultiTurnSource>(
+        std::vector<Conversation>(data->conversations.begin() + w.warmup, data->conversations.end()), *data->text,
+        multi_turn_options(job, context, w.warmup, processing), data->summary);
+    turn_source = turns.get();
+    engine.set_source(turns.get());
+  } else {
+    source = std::make_unique<WorkloadSource>(to_requests(drawn, w.warmup, job, processing), arrivals, w.concurrency,
+                                              w.rate, m.start);
+    engine.set_source(source.get());
+  }
   engine.run([&](const TokenEvent& ev) {
     token_times[ev.request_id].push_back(Clock::now());
     progress.advance(1);
   });
   m.end = Clock::now();
+  turn_source = nullptr;
   progress.finish();
   if (profiler) {
     profiler->stop();
@@ -208,6 +269,11 @@ void run_benchmark(CoordinatorContext& c, TraceRecorder& trace, const BenchOptio
     row.output_tokens = seq->num_output();
     row.preemptions = seq->preemptions;
     row.finish_reason = seq->finish_reason;
+    row.cached_tokens = seq->cached_tokens;
+    if (turns) {
+      const auto it = turns->turns().find(row.id);
+      if (it != turns->turns().end()) row.conversation = it->second.conversation, row.turn = it->second.turn;
+    }
     row.ttft_ms = ms(seq->first_token_time - seq->arrival_time).count();
     row.e2e_ms = ms(seq->last_token_time - seq->arrival_time).count();
     if (row.output_tokens > 1)
@@ -263,7 +329,34 @@ struct ReportInputs {
   const std::vector<RankBreakdown>& ranks;
   bool oversubscribed;
   int64_t decode_weight_bytes;
+  const DatasetWorkload* data;  // null: random tokens
 };
+
+// multi_turn: the figures of each turn index over the conversations that reached it.
+ordered_json by_turn_json(const std::vector<RequestRow>& rows) {
+  std::map<int64_t, std::vector<const RequestRow*>> turns;
+  for (const RequestRow& r : rows)
+    if (r.turn >= 0) turns[r.turn].push_back(&r);
+  ordered_json out = ordered_json::array();
+  for (const auto& [turn, list] : turns) {
+    std::vector<double> ttft, tpot, e2e;
+    double prompt = 0, cached = 0;
+    for (const RequestRow* r : list) {
+      ttft.push_back(r->ttft_ms), e2e.push_back(r->e2e_ms);
+      if (r->output_tokens > 1) tpot.push_back(r->tpot_ms);
+      prompt += static_cast<double>(r->prompt_tokens), cached += static_cast<double>(r->cached_tokens);
+    }
+    const auto n = static_cast<double>(list.size());
+    out.push_back({{"turn", turn + 1},
+                   {"requests", static_cast<int64_t>(list.size())},
+                   {"mean_prompt_tokens", round3(prompt / n)},
+                   {"mean_cached_tokens", round3(cached / n)},
+                   {"ttft", to_json(summarize(ttft))},
+                   {"tpot", to_json(summarize(tpot))},
+                   {"e2e", to_json(summarize(e2e))}});
+  }
+  return out;
+}
 
 ordered_json make_report(const ReportInputs& in) {
   const JobConfig& job = in.job;
@@ -309,6 +402,18 @@ ordered_json make_report(const ReportInputs& in) {
                        {"max_batch", job.speculative.max_batch},
                        {"model", job.speculative.model.empty() ? ordered_json() : ordered_json(job.speculative.model)}}}};
   report["workload"] = workload_json(w);
+  if (in.data != nullptr) {
+    const DatasetSummary& d = in.data->summary;
+    report["dataset"] = {{"path", d.path},
+                         {"conversations", d.conversations},
+                         {"skipped", d.skipped},
+                         {"truncated", d.truncated},
+                         {"truncated_bytes", d.truncated_bytes},
+                         {"filtered", d.filtered},
+                         {"used", d.used},
+                         {"turns_cut", d.turns_cut}};
+    if (w.mode == "multi_turn") report["by_turn"] = by_turn_json(m.rows);
+  }
   report["stopped"] = m.stopped;
   report["requests"] = {{"completed", static_cast<int64_t>(m.rows.size())},
                         {"prompt_tokens", prompt_tokens},
@@ -432,13 +537,18 @@ ordered_json make_report(const ReportInputs& in) {
 
 void write_csv(const std::string& path, const std::vector<RequestRow>& rows) {
   std::string out;
-  out += "id,arrival_ms,prompt_tokens,output_tokens,ttft_ms,tpot_ms,e2e_ms,itl_max_ms,preemptions,finish_reason\n";
+  out += "id,arrival_ms,prompt_tokens,output_tokens,ttft_ms,tpot_ms,e2e_ms,itl_max_ms,preemptions,finish_reason,"
+         "cached_tokens,conversation,turn\n";
   char line[512];
   for (const RequestRow& r : rows) {
-    std::snprintf(line, sizeof(line), "%lld,%.3f,%lld,%lld,%.3f,%.3f,%.3f,%.3f,%lld,%s\n",
+    // conversation and turn are empty outside multi_turn; turns count from 1 as in report.json.
+    const std::string conversation = r.turn >= 0 ? std::to_string(r.conversation) : "";
+    const std::string turn = r.turn >= 0 ? std::to_string(r.turn + 1) : "";
+    std::snprintf(line, sizeof(line), "%lld,%.3f,%lld,%lld,%.3f,%.3f,%.3f,%.3f,%lld,%s,%lld,%s,%s\n",
                   static_cast<long long>(r.id), r.arrival_ms, static_cast<long long>(r.prompt_tokens),
                   static_cast<long long>(r.output_tokens), r.ttft_ms, r.tpot_ms, r.e2e_ms, r.itl_max_ms,
-                  static_cast<long long>(r.preemptions), r.finish_reason.c_str());
+                  static_cast<long long>(r.preemptions), r.finish_reason.c_str(), static_cast<long long>(r.cached_tokens),
+                  conversation.c_str(), turn.c_str());
     out += line;
   }
   write_text_file(path, out, "--out", "the request table");
@@ -455,9 +565,19 @@ void print_summary(std::ostream& os, const ordered_json& r, const std::string& d
   const std::string loop = w["mode"] == "open" ? "open loop, " + std::to_string(w["rate"].get<double>()) + " req/s, concurrency " +
                                                      std::to_string(w["concurrency"].get<int>())
                                                : "closed loop, concurrency " + std::to_string(w["concurrency"].get<int>());
-  std::snprintf(buf, sizeof(buf), "workload: %d requests (%s), prompt %d..%d, output %d..%d tokens, warm-up %d\n",
-                w["requests"].get<int>(), loop.c_str(), w["prompt_len"][0].get<int>(), w["prompt_len"][1].get<int>(),
-                w["output_len"][0].get<int>(), w["output_len"][1].get<int>(), w["warmup"].get<int>());
+  if (w["dataset"] == "random") {
+    std::snprintf(buf, sizeof(buf), "workload: %d requests (%s), prompt %d..%d, output %d..%d tokens, warm-up %d\n",
+                  w["requests"].get<int>(), loop.c_str(), w["prompt_len"][0].get<int>(), w["prompt_len"][1].get<int>(),
+                  w["output_len"][0].get<int>(), w["output_len"][1].get<int>(), w["warmup"].get<int>());
+  } else {
+    const auto& d = r["dataset"];
+    const bool multi = w["dataset_mode"] == "multi_turn";
+    std::snprintf(buf, sizeof(buf), "workload: %d %s (%s), %s of %s (%lld complete conversations%s), warm-up %d\n",
+                  w["requests"].get<int>(), multi ? "conversations" : "requests", loop.c_str(),
+                  w["dataset_mode"].get<std::string>().c_str(), d["path"].get<std::string>().c_str(),
+                  d["conversations"].get<long long>(), d["truncated"].get<bool>() ? ", a broken tail dropped" : "",
+                  w["warmup"].get<int>());
+  }
   os << buf;
   std::snprintf(buf, sizeof(buf), "duration %.3f s: %lld requests, %lld prompt + %lld output tokens\n",
                 r["duration_s"].get<double>(), r["requests"]["completed"].get<long long>(),
@@ -546,8 +666,11 @@ void bench(const BenchOptions& o, World& world) {
   if (o.out_dir.empty()) throw std::invalid_argument("--out: an output directory is required");
   const JobConfig job = load_job_config(o.config, o.overrides);
   const JobPlan plan = plan_job(job, world.size());
-  // Before anything is loaded or logged: a workload that cannot run is bad input.
-  check_workload_fits(job, plan.model.max_position);
+  // Before anything is loaded or logged: a workload that cannot run is bad input. A dataset
+  // is read on every rank, so that its errors stop every rank alike.
+  std::unique_ptr<DatasetWorkload> data;
+  if (job.workload.dataset != "random") data = std::make_unique<DatasetWorkload>(load_dataset_workload(job, plan.longest_request));
+  else check_workload_fits(job, plan.model.max_position);
   if (world.is_coordinator()) {
     std::error_code ec;
     std::filesystem::create_directories(o.out_dir, ec);
@@ -556,7 +679,7 @@ void bench(const BenchOptions& o, World& world) {
   }
   TraceRecorder trace;
   Measured m;
-  const JobOutcome outcome = run_job(job, plan, world, &trace, [&](CoordinatorContext& c) { run_benchmark(c, trace, o, m); });
+  const JobOutcome outcome = run_job(job, plan, world, &trace, [&](CoordinatorContext& c) { run_benchmark(c, trace, o, data.get(), m); });
   if (!world.is_coordinator()) return;
 
   const double from_us = trace.since_epoch_us(m.start), to_us = trace.since_epoch_us(m.end);
@@ -570,7 +693,8 @@ void bench(const BenchOptions& o, World& world) {
   const StoredWeightBytes& stored = plan.weight_bytes;
   const int64_t decode_weight_bytes =
       stored.per_layer * model.num_layers + stored.head + (model.tie_embeddings ? stored.embedding : 0);
-  const ordered_json report = make_report({o, job, plan, world, outcome, m, ranks, oversubscribed, decode_weight_bytes});
+  const ordered_json report =
+      make_report({o, job, plan, world, outcome, m, ranks, oversubscribed, decode_weight_bytes, data.get()});
 
   const std::filesystem::path dir(o.out_dir);
   std::vector<std::string> names;

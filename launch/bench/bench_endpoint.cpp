@@ -503,6 +503,9 @@ void bench_endpoint(const BenchOptions& o) {
     throw std::invalid_argument("--profile: profiles the engine in-process; not with --endpoint");
   const GoodputSlo slo = parse_goodput(o.goodput);
   const JobConfig job = load_job_config(o.config, o.overrides);
+  if (job.workload.dataset != "random")
+    throw std::invalid_argument(job.source + ": workload.dataset: --endpoint sends random token ids only; a dataset "
+                                "workload runs in-process (drop --endpoint)");
   const ModelConfig model = load_job_model_config(job);  // the vocabulary and context; no weights
   check_workload_fits(job, model.max_position);
   Target target = parse_endpoint(o.endpoint);

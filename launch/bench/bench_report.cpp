@@ -53,6 +53,15 @@ ordered_json workload_json(const WorkloadSection& w) {
                            {"rate", w.rate},
                            {"warmup", w.warmup},
                            {"seed", w.seed}};
+  workload["dataset"] = w.dataset;
+  if (w.dataset != "random") {
+    // The lengths come from the data: the synthetic ones do not apply.
+    workload.erase("prompt_len");
+    workload.erase("output_len");
+    workload.erase("shared_prefix");
+    workload["dataset_mode"] = w.mode;
+    if (w.mode == "multi_turn") workload["turn_gap"] = w.turn_gap, workload["min_turns"] = w.min_turns;
+  }
   if (!w.prompt_len.file.empty()) workload["prompt_len_file"] = w.prompt_len.file;
   if (!w.output_len.file.empty()) workload["output_len_file"] = w.output_len.file;
   return workload;

@@ -2,6 +2,7 @@
 
 #include "engine/sampler.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -35,10 +36,7 @@ std::vector<WorkloadRequest> make_workload(const WorkloadSection& w, int64_t voc
     common.resize(static_cast<size_t>(w.prompt_len.hi));
     for (int64_t& t : common) t = static_cast<int64_t>(rng() % static_cast<uint64_t>(vocab));
   }
-  // Poisson arrivals: exponential gaps, the first request due at once.
-  std::mt19937_64 arrivals(stream_seed(w.seed, kArrivals, 0));
-  std::exponential_distribution<double> gap(w.rate > 0 ? w.rate : 1.0);
-  double t = 0.0;
+  const std::vector<double> due = arrival_times(w, count);
   std::vector<WorkloadRequest> out;
   for (int64_t i = first; i < first + count; ++i) {
     std::mt19937_64 lengths(stream_seed(w.seed, kLengths, static_cast<uint64_t>(i)));
@@ -50,11 +48,20 @@ std::vector<WorkloadRequest> make_workload(const WorkloadSection& w, int64_t voc
     r.prompt.resize(static_cast<size_t>(prompt_len));
     for (int64_t k = 0; k < prompt_len; ++k)
       r.prompt[k] = k < shared ? common[k] : static_cast<int64_t>(tokens() % static_cast<uint64_t>(vocab));
-    if (w.rate > 0 && i > first) t += gap(arrivals);
-    r.arrival_s = w.rate > 0 ? t : 0.0;
+    r.arrival_s = due[static_cast<size_t>(i - first)];
     out.push_back(std::move(r));
   }
   return out;
+}
+
+std::vector<double> arrival_times(const WorkloadSection& w, int64_t count) {
+  // Poisson arrivals: exponential gaps, the first request due at once.
+  std::mt19937_64 arrivals(stream_seed(w.seed, kArrivals, 0));
+  std::exponential_distribution<double> gap(w.rate > 0 ? w.rate : 1.0);
+  std::vector<double> due(static_cast<size_t>(std::max<int64_t>(count, 0)), 0.0);
+  double t = 0.0;
+  for (size_t i = 1; i < due.size() && w.rate > 0; ++i) due[i] = t += gap(arrivals);
+  return due;
 }
 
 void check_workload_fits(const JobConfig& job, int64_t context) {

@@ -31,6 +31,10 @@ struct WorkloadRequest {
 std::vector<WorkloadRequest> make_workload(const WorkloadSection& workload, int64_t vocab, int64_t first,
                                            int64_t count);
 
+// Open loop: when each of `count` requests is due after the measured phase starts (Poisson
+// arrivals at workload.rate, the first at once); all zeros in closed loop.
+std::vector<double> arrival_times(const WorkloadSection& workload, int64_t count);
+
 // Throws std::invalid_argument (naming the job file) when the longest prompt plus the longest
 // output exceed `context` tokens.
 void check_workload_fits(const JobConfig& job, int64_t context);

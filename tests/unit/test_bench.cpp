@@ -197,7 +197,9 @@ class BenchRun : public ::testing::Test {
     std::istringstream in(kvpipe::testing::slurp(dir_ / out / "requests.csv"));
     std::string line;
     std::getline(in, line);
-    EXPECT_EQ(line, "id,arrival_ms,prompt_tokens,output_tokens,ttft_ms,tpot_ms,e2e_ms,itl_max_ms,preemptions,finish_reason");
+    EXPECT_EQ(line,
+              "id,arrival_ms,prompt_tokens,output_tokens,ttft_ms,tpot_ms,e2e_ms,itl_max_ms,preemptions,finish_reason,"
+              "cached_tokens,conversation,turn");
     std::vector<Row> out_rows;
     while (std::getline(in, line)) {
       Row r{};
