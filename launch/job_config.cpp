@@ -411,8 +411,9 @@ class Validator {
     auto refuse = [&](const std::string& key, bool wrong, const std::string& why) {
       if (wrong && !failed_paths_.count(key)) guard([&] { fail_at_key(key, why); });
     };
-    refuse("workload.prompt_len", dataset && w.lengths_given,
-           "the lengths come from workload.dataset (" + w.dataset + "): remove prompt_len and output_len");
+    for (const auto& [key, given] : {std::pair{"prompt_len", w.prompt_len_given}, {"output_len", w.output_len_given}})
+      refuse(std::string("workload.") + key, dataset && given,
+             "the lengths come from workload.dataset (" + w.dataset + "): remove " + key);
     refuse("workload.shared_prefix", dataset && w.shared_prefix > 0,
            "a dataset's prompts share what their conversations share: remove shared_prefix");
     refuse("workload.mode", w.mode == "multi_turn" && !dataset,
@@ -507,8 +508,8 @@ class Validator {
 
   std::vector<Field> workload_fields(WorkloadSection& w) {
     return {{"requests", integer(&w.requests, 1, kMaxWorkloadRequests)},
-            {"prompt_len", given(length_range(&w.prompt_len), &w.lengths_given)},
-            {"output_len", given(length_range(&w.output_len), &w.lengths_given)},
+            {"prompt_len", given(length_range(&w.prompt_len), &w.prompt_len_given)},
+            {"output_len", given(length_range(&w.output_len), &w.output_len_given)},
             {"shared_prefix", real(&w.shared_prefix, 0.0, false, 1.0, true)},
             {"concurrency", integer(&w.concurrency, 1, kMaxWorkloadConcurrency)},
             {"rate", real(&w.rate, 0.0, false, kInfinity, false)},

@@ -141,7 +141,8 @@ struct WorkloadSection {
   std::string mode = "single";      // single | multi_turn (conversations replayed turn by turn)
   double turn_gap = 0.0;            // multi_turn: seconds between a reply and the next turn
   int min_turns = 1;                // multi_turn: conversations with fewer turns are left out
-  bool lengths_given = false;       // prompt_len or output_len was in the file
+  bool prompt_len_given = false;    // the key was in the file
+  bool output_len_given = false;
 };
 
 // A batch job: how `kvpipe slurm` writes its sbatch script.

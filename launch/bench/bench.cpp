@@ -148,10 +148,11 @@ void run_benchmark(CoordinatorContext& c, TraceRecorder& trace, const BenchOptio
   Engine engine(c.executor, c.plan.model, c.plan.partition.num_blocks, eo);
   const int64_t vocab = c.plan.model.vocab_size;
   // The job's penalties and bias apply to the synthetic requests too (bad words need the
-  // model's tokenizer, loaded only then).
-  std::unique_ptr<ModelText> text;
-  if (!job.sampling.bad_words.empty()) text = std::make_unique<ModelText>(job.model.path);
-  const LogitsProcessing processing = request_processing(job.sampling, text.get(), vocab);
+  // model's tokenizer: a dataset's, or loaded only then).
+  std::unique_ptr<ModelText> own_text;
+  const ModelText* text = data != nullptr ? data->text.get() : nullptr;
+  if (text == nullptr && !job.sampling.bad_words.empty()) text = (own_text = std::make_unique<ModelText>(job.model.path)).get();
+  const LogitsProcessing processing = request_processing(job.sampling, text, vocab);
 
   if (w.warmup > 0 && multi_turn) {
     // The first turns of the warm-up's conversations.
@@ -199,15 +200,22 @@ void run_benchmark(CoordinatorContext& c, TraceRecorder& trace, const BenchOptio
   std::map<int64_t, std::vector<Clock::time_point>> token_times;
   std::unique_ptr<OpProfiler> profiler;
   if (o.profile) profiler = std::make_unique<OpProfiler>((std::filesystem::path(o.out_dir) / "profile_rank0.json").string());
-  ProgressBar progress(data != nullptr ? data->output_tokens : static_cast<int64_t>(w.requests) * w.output_len.hi,
-                       data != nullptr || w.output_len.lo == w.output_len.hi);
-  m.start = Clock::now();
-  std::unique_ptr<WorkloadSource> source;
+  // Made before the clock starts: the source tokenises every reply once, up front.
   std::unique_ptr<MultiTurnSource> turns;
-  if (multi_turn) {
+  if (multi_turn)
     turns = std::make_unique<MultiTurnSource>(
         std::vector<Conversation>(data->conversations.begin() + w.warmup, data->conversations.end()), *data->text,
         multi_turn_options(job, context, w.warmup, processing), data->summary);
+  int64_t planned_tokens = static_cast<int64_t>(w.requests) * w.output_len.hi;
+  if (data != nullptr) {
+    planned_tokens = 0;
+    for (const WorkloadRequest& r : drawn) planned_tokens += r.output_len;
+    if (turns) planned_tokens = turns->planned_output_tokens();
+  }
+  ProgressBar progress(planned_tokens, data != nullptr || w.output_len.lo == w.output_len.hi);
+  m.start = Clock::now();
+  std::unique_ptr<WorkloadSource> source;
+  if (turns) {
     turn_source = turns.get();
     engine.set_source(turns.get());
   } else {

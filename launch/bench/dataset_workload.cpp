@@ -97,19 +97,15 @@ DatasetWorkload load_dataset_workload(const JobConfig& job, int64_t context) {
   } catch (const std::exception& e) {
     throw std::invalid_argument(where + ": " + e.what());
   }
-  const Tokenizer& tok = tokenizer_of(*out.text, where + " (" + job.model.path + ")");
+  tokenizer_of(*out.text, where + " (" + job.model.path + ")");
   const int64_t total = int64_t{w.requests} + w.warmup;
   if (w.mode == "multi_turn") {
     if (out.text->chat_template() == nullptr)
       throw std::invalid_argument(where + ": multi_turn renders turns through the chat template, and " + job.model.path +
                                   " has none");
     out.conversations = multi_turn_conversations(file, w.seed, w.min_turns, total, where, out.summary);
-    for (size_t c = static_cast<size_t>(w.warmup); c < out.conversations.size(); ++c)
-      for (const auto& turn : out.conversations[c].turns)
-        out.output_tokens += std::max<int64_t>(1, static_cast<int64_t>(tok.encode(turn.second, false).size()));
   } else {
     out.requests = single_turn_requests(file, *out.text, context, w.seed, total, where, out.summary);
-    for (size_t r = static_cast<size_t>(w.warmup); r < out.requests.size(); ++r) out.output_tokens += out.requests[r].output_len;
   }
   return out;
 }
@@ -117,12 +113,21 @@ DatasetWorkload load_dataset_workload(const JobConfig& job, int64_t context) {
 MultiTurnSource::MultiTurnSource(std::vector<Conversation> conversations, const ModelText& text,
                                  MultiTurnOptions options, DatasetSummary& summary)
     : text_(text), options_(std::move(options)), summary_(summary), next_id_(options_.first_id) {
-  tokenizer_of(text_, "workload.dataset");
+  const Tokenizer& tok = tokenizer_of(text_, "workload.dataset");
   for (Conversation& c : conversations) {
     State s;
     s.conversation = std::move(c);
+    for (const auto& turn : s.conversation.turns)
+      s.output_len.push_back(std::max<int64_t>(1, static_cast<int64_t>(tok.encode(turn.second, false).size())));
     states_.push_back(std::move(s));
   }
+}
+
+int64_t MultiTurnSource::planned_output_tokens() const {
+  int64_t total = 0;
+  for (const State& s : states_)
+    for (const int64_t n : s.output_len) total += n;
+  return total;
 }
 
 std::vector<int64_t> MultiTurnSource::next_prompt(const ModelText& text, const std::vector<int64_t>& previous_prompt,
@@ -146,7 +151,7 @@ std::vector<int64_t> MultiTurnSource::next_prompt(const ModelText& text, const s
   return ids;
 }
 
-bool MultiTurnSource::start_turn(State& s, Engine& engine, Clock::time_point /*now*/) {
+bool MultiTurnSource::start_turn(State& s, Engine& engine) {
   const Conversation& c = s.conversation;
   const auto turn = static_cast<size_t>(s.next_turn);
   std::vector<int64_t> prompt;
@@ -157,8 +162,7 @@ bool MultiTurnSource::start_turn(State& s, Engine& engine, Clock::time_point /*n
   } else {
     prompt = next_prompt(text_, s.prompt, s.reply, s.history);
   }
-  const int64_t output_len =
-      std::max<int64_t>(1, static_cast<int64_t>(text_.tokenizer()->encode(c.turns[turn].second, false).size()));
+  const int64_t output_len = s.output_len[turn];
   if (static_cast<int64_t>(prompt.size()) + output_len > options_.context) {
     // The history outgrew the context: the conversation ends here.
     if (turn == 0) ++summary_.filtered;
@@ -184,20 +188,20 @@ bool MultiTurnSource::start_turn(State& s, Engine& engine, Clock::time_point /*n
 }
 
 void MultiTurnSource::poll(Engine& engine, Clock::time_point now) {
-  while (active_ < options_.concurrency && next_conversation_ < states_.size()) {
-    states_[next_conversation_++].due = now;
-    ++active_;
-  }
-  for (size_t i = 0; i < next_conversation_; ++i) {
-    State& s = states_[i];
-    if (s.done || s.running || s.due > now) continue;
-    if (!start_turn(s, engine, now)) {
-      s.done = true;
-      --active_;
+  // Again while a conversation that ended at once (its turn outgrew the context) left a slot
+  // for the next one.
+  do {
+    for (; active_ < options_.concurrency && next_conversation_ < states_.size(); ++active_)
+      states_[next_conversation_++].due = now;
+    for (size_t i = 0; i < next_conversation_; ++i) {
+      State& s = states_[i];
+      if (s.done || s.running || s.due > now) continue;
+      if (!start_turn(s, engine)) {
+        s.done = true;
+        --active_;
+      }
     }
-  }
-  // Conversations that ended at once leave room for the next ones.
-  if (active_ < options_.concurrency && next_conversation_ < states_.size()) poll(engine, now);
+  } while (active_ < options_.concurrency && next_conversation_ < states_.size());
 }
 
 bool MultiTurnSource::exhausted() const {

@@ -48,7 +48,6 @@ struct DatasetWorkload {
   std::unique_ptr<ModelText> text;
   std::vector<WorkloadRequest> requests;     // single: the warm-up's first, then the measured ones
   std::vector<Conversation> conversations;   // multi_turn: likewise
-  int64_t output_tokens = 0;                 // measured: what the replies hold (the progress bar's total)
 };
 
 // Reads the job's workload.dataset for requests of at most `context` tokens (prompt and output:
@@ -97,6 +96,8 @@ class MultiTurnSource : public RequestSource {
   void on_finished(const Sequence& sequence);
 
   const std::map<int64_t, TurnRef>& turns() const { return turns_; }
+  // The output tokens of every turn, were all of them to run (the progress bar's total).
+  int64_t planned_output_tokens() const;
 
   // The prompt of the turn after `previous_prompt` + `reply` (the tokens of the turn before):
   // both, then the template's text between that reply and the next generation prompt.
@@ -108,6 +109,7 @@ class MultiTurnSource : public RequestSource {
  private:
   struct State {
     Conversation conversation;
+    std::vector<int64_t> output_len;      // each turn's: its reply's token count (at least 1)
     std::vector<RequestMessage> history;  // rendered messages so far (replies as generated)
     std::vector<int64_t> prompt;          // the last turn's prompt
     std::vector<int64_t> reply;           // and the tokens generated for it
@@ -117,7 +119,7 @@ class MultiTurnSource : public RequestSource {
     Clock::time_point due{};              // when the next turn may be sent
   };
 
-  bool start_turn(State& s, Engine& engine, Clock::time_point now);
+  bool start_turn(State& s, Engine& engine);
 
   std::vector<State> states_;
   const ModelText& text_;
