@@ -14,6 +14,7 @@
 #include "launch/serve/serve.h"
 #include "launch/signals.h"
 #include "launch/slurm_script.h"
+#include "launch/tune/tune.h"
 #include "parallel/world.h"
 
 #include <CLI/CLI.hpp>
@@ -201,6 +202,36 @@ int run_subcommand(int argc, char** argv) {
                    "SLO for goodput with --endpoint: ttft:MS, tpot:MS or e2el:MS (repeatable)")
       ->needs(endpoint_opt);
 
+  // tune
+  TuneOptions tune_opts;
+  auto* tune_cmd = app.add_subcommand(
+      "tune", "Search the cache and scheduler settings for the config's workload: write tuned.yaml, report.md, "
+              "candidates.csv to --out");
+  tune_cmd->add_option("--config", tune_opts.config, "Job YAML file (its workload: section is what is measured)")
+      ->required();
+  tune_cmd->add_option("--set", tune_opts.overrides, "Override a config key: key.path=value (repeatable)");
+  tune_cmd->add_option("--out", tune_opts.out_dir, "Directory for tuned.yaml, report.md, plot.svg, candidates.csv, runs/")
+      ->required();
+  tune_cmd->add_option("--ranks", tune_opts.ranks, "Ranks of every candidate (more than 1: each runs under mpirun)")
+      ->check(CLI::PositiveNumber);
+  tune_cmd->add_option("--objective", tune_opts.objective,
+                       "What to minimise (ttft: p99 TTFT, tpot: p99 TPOT, e2e: mean end-to-end latency) or "
+                       "maximise (throughput: output tokens/s); default e2e")
+      ->check(CLI::IsMember({"ttft", "tpot", "e2e", "throughput"}));
+  tune_cmd->add_option("--slo", tune_opts.slo, "Limits a winner must meet: ttft_p99=MS,tpot_p99=MS,e2e_p99=MS");
+  tune_cmd->add_option("--budget", tune_opts.budget_min, "Minutes the whole search may take (default 30)");
+  tune_cmd->add_flag("--allow-lossy", tune_opts.allow_lossy,
+                     "Also try strategies that change outputs (a window, a narrower cache dtype), with their "
+                     "measured cost in log-probability");
+  tune_cmd
+      ->add_option("--keys", tune_opts.keys,
+                   "Search only these keys (comma-separated; default: every cache, scheduler, parallel and "
+                   "speculative key tune knows)")
+      ->delimiter(',');
+  tune_cmd->add_option("--screen-requests", tune_opts.screen_requests,
+                       "Requests of a screening run (default: a quarter of the workload's, at least 2 x concurrency)");
+  tune_cmd->add_option("--log-level", log_level, "error, warn, info (default) or debug")->check(log_levels);
+
   // validate
   std::string validate_config;
   std::vector<std::string> validate_overrides;
@@ -342,6 +373,15 @@ int run_subcommand(int argc, char** argv) {
       std::cout << make_slurm_script(job, inputs);
       flush_stdout("the sbatch script");
     }, nullptr);
+  }
+  if (tune_cmd->parsed()) {  // starts its candidates as processes of their own: no MPI job here
+    if (report_problems(validate_job_config_file(tune_opts.config, tune_opts.overrides, tune_opts.ranks),
+                        tune_opts.config))
+      return kExitBadInput;
+    install_stop_handlers();
+    for (int i = 0; i < argc; ++i) tune_opts.command += (i ? " " : "") + std::string(argv[i]);
+    const int tune_code = guarded([&] { tune(tune_opts); }, nullptr);
+    return tune_code == kExitOk && stop_requested() ? stop_exit_code() : tune_code;
   }
   if (bench_cmd->parsed() && !bench_opts.endpoint.empty()) {  // a client: no MPI job
     install_stop_handlers();

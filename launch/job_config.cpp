@@ -1244,9 +1244,21 @@ JobConfig parse_job_config(const std::string& yaml_text, const std::string& sour
   return job;
 }
 
-
 JobConfig load_job_config(const std::string& path, const std::vector<std::string>& overrides) {
   return parse_job_config(read_config_file(path), path, overrides);
+}
+
+std::string job_yaml_with_overrides(const std::string& path, const std::vector<std::string>& overrides) {
+  const std::string text = read_config_file(path);
+  JobConfig ignored;
+  throw_if_problems(parse_collect(text, path, overrides, &ignored));
+  YAML::Node root = YAML::Load(text);
+  if (root.IsNull()) root.reset(YAML::Node(YAML::NodeType::Map));
+  std::vector<OverrideOrigin> origins;
+  for (const std::string& override_text : overrides) apply_override(root, override_text, &origins);
+  YAML::Emitter emitter;
+  emitter << root;
+  return std::string(emitter.c_str()) + "\n";
 }
 
 std::vector<ConfigProblem> validate_job_config_text(const std::string& yaml_text,

@@ -208,6 +208,10 @@ int64_t parse_size(const std::string& text, const std::string& what);
 // Loads a job file and applies `overrides` ("key.path=yaml-value") in order.
 JobConfig load_job_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
+// The job file's YAML with `overrides` applied, as one document (comments are not kept);
+// std::invalid_argument as load_job_config for a job that is not valid.
+std::string job_yaml_with_overrides(const std::string& path, const std::vector<std::string>& overrides);
+
 // Same, from YAML text (tests); `source` names it in messages.
 JobConfig parse_job_config(const std::string& yaml_text, const std::string& source,
                            const std::vector<std::string>& overrides = {});
