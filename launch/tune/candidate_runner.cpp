@@ -173,8 +173,9 @@ TuneRunResult CandidateRunner::run(const TuneCandidate& candidate, double deadli
     return r;
   }
   if (p.killed) {
-    r.stopped = true;
-    r.error = stop_requested() ? "stopped by a signal" : "the budget ran out during the run";
+    r.stopped = stop_requested();
+    r.timed_out = !r.stopped;
+    r.error = r.stopped ? "stopped by a signal" : "past its deadline";
     return r;
   }
   if (p.exit_code != 0) {

@@ -125,13 +125,27 @@ bool Search::measure_once(int i) {
     }
   }
   ++runs_;
-  TuneRunResult r = h_.run(c, o_.budget_s);
+  // The job's own screening runs set the pace; a candidate far slower is stopped early.
+  double deadline = o_.budget_s;
+  double cut_s = 0.0;
+  if (c.phase == "screen" && i != out_.baseline && at(out_.baseline).measured()) {
+    cut_s = o_.slow_cut * at(out_.baseline).median().wall_s;
+    deadline = std::min(deadline, h_.elapsed_s() + cut_s);
+  }
+  TuneRunResult r = h_.run(c, deadline);
   TuneCandidate& after = at(i);
-  if (r.stopped) {
+  if (r.timed_out && deadline < o_.budget_s) {
+    char why[128];
+    std::snprintf(why, sizeof why, "too slow: stopped after %.0f s, %.3g x the job's run", cut_s, o_.slow_cut);
+    after.status = why;
+    say(after.label() + ": " + after.status);
+    return false;
+  }
+  if (r.stopped || r.timed_out) {
     stopped_ = true;
-    stop_reason_ = r.error;
-    if (!after.measured()) after.status = "stopped: " + r.error;
-    say(after.label() + ": stopped (" + r.error + ")");
+    stop_reason_ = r.stopped ? r.error : "the budget ran out during a run";
+    if (!after.measured()) after.status = "stopped: " + stop_reason_;
+    say(after.label() + ": stopped (" + stop_reason_ + ")");
     return false;
   }
   if (!r.ok) {

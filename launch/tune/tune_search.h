@@ -9,7 +9,8 @@
 // A candidate whose median breaks the SLO is never the winner. The winner and the job as
 // given are then measured on the whole workload, alternately, for the reported gain and its
 // spread. Nothing starts that the budget cannot finish: a run is only begun when the time
-// left covers it (its estimate from the runs before) and the final comparison.
+// left covers it (its estimate from the runs before) and the final comparison. A screening
+// run that takes `slow_cut` times the job's own is stopped and its candidate dropped.
 //
 // The search runs nothing itself: hooks run a candidate, check it, and measure its cost in
 // log-probability, so that tests can drive it with synthetic figures.
@@ -94,7 +95,8 @@ struct TuneCandidate {
 // What running one candidate once gave.
 struct TuneRunResult {
   bool ok = false;
-  bool stopped = false;        // killed at the budget's end or by a signal: the search ends
+  bool stopped = false;        // stopped by a signal: the search ends
+  bool timed_out = false;      // killed at the deadline it was given
   TuneFigures figures;
   std::string dir;
   std::string error;           // one line, when not ok
@@ -107,6 +109,10 @@ struct TuneSearchOptions {
   int max_repeats = 3;          // runs of one candidate when it is within noise of another
   int final_pairs = 3;          // alternating full runs of the job and the winner, at most
   double noise_floor = 0.02;    // candidates closer than this share are always rerun
+  // A screening run taking this many times the job's own is stopped there and its candidate
+  // dropped (a layer-level reuse that recomputes most layers at every step can be 30x slower):
+  // the budget goes to candidates that can win.
+  double slow_cut = 3.0;
   // How much longer a full run takes than a screening one (requests ratio); 1: the screening
   // runs are the whole workload and the final comparison reuses them.
   double full_over_screen = 1.0;

@@ -160,6 +160,7 @@ struct Landscape {
   double clock = 0.0;
   double run_s = 10.0;
   std::map<std::string, int> runs_of;  // by label
+  std::map<std::string, double> wall_of;  // a run's time by label, when not run_s
   std::function<double(const TuneCandidate&, int)> jitter = [](const TuneCandidate&, int) { return 0.0; };
 
   Landscape() {
@@ -209,11 +210,11 @@ struct Landscape {
     h.elapsed_s = [this] { return clock; };
     h.run = [this](const TuneCandidate& c, double deadline_s) {
       TuneRunResult r;
-      const double wall = c.phase == "full" ? run_s * 4 : run_s;
+      const double wall = wall_of.count(c.label()) ? wall_of.at(c.label()) : c.phase == "full" ? run_s * 4 : run_s;
       if (clock + wall > deadline_s) {
         clock = deadline_s;
-        r.stopped = true;
-        r.error = "the budget ran out during the run";
+        r.timed_out = true;
+        r.error = "past its deadline";
         return r;
       }
       clock += wall;
@@ -296,6 +297,26 @@ TEST(TuneSearch, TheBudgetIsNeverOverrunAndWhatWasLeftIsNamed) {
   EXPECT_FALSE(out.winner_is_job);
   EXPECT_EQ(out.gain_pairs, 0);
   EXPECT_NE(out.end_reason.find("cut short"), std::string::npos) << out.end_reason;
+}
+
+TEST(TuneSearch, AScreeningRunFarSlowerThanTheJobsIsStoppedAndTheSearchGoesOn) {
+  Landscape land;
+  land.wall_of["scheduler.max_batch=1"] = 1000;  // e.g. most layers recomputed at every step
+  TuneSearchOptions o;
+  o.budget_s = 10000;
+  o.slo.tpot_p99_ms = 55;  // so that the walk down the batch sizes reaches 1
+  const TuneOutcome out = tune_search(land.knobs, o, land.hooks());
+  bool cut = false;
+  for (const TuneCandidate& c : out.candidates)
+    if (c.label() == "scheduler.max_batch=1") {
+      cut = true;
+      EXPECT_FALSE(c.measured());
+      EXPECT_EQ(c.status.rfind("too slow", 0), 0u) << c.status;
+    }
+  EXPECT_TRUE(cut);
+  EXPECT_EQ(out.end_reason, "searched every knob");
+  // 2 job runs, batch 4, 2, 1 (stopped at 3 x 10 s), reuse off, block 32 and 64, 3 pairs.
+  EXPECT_LT(land.clock, 200);
 }
 
 TEST(TuneSearch, CandidatesWithinNoiseAreRerunAndComparedByMedians) {
