@@ -145,7 +145,7 @@ in the same run, rather than single figures.
 """
 parts = [head, block("standard-sweep", open(section_file).read())]
 for name in ["platform", "decode", "pipeline", "tensor", "cache", "peers", "peers-intel", "cpu-kernels-intel", "cpu-kernels-amd", "cpu-kernels-zen4",
-             "serve", "real-workloads",
+             "serve", "real-workloads", "tuning",
              "structured-outputs", "speculative"]:
     fresh = os.path.join(rerun_dir, name + ".md")
     body = open(fresh).read() if os.path.exists(fresh) else previous(name)

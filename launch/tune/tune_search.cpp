@@ -159,7 +159,9 @@ bool Search::measure_once(int i) {
   after.status = breach.empty() ? "ok" : "over SLO: " + breach;
   if (after.lossy && !after.cost && h_.lossy_cost) after.cost = h_.lossy_cost(after);
   std::string line = after.label() + " (" + after.phase + "): " + objective_name(o_.objective) + " " +
-                     format_ms(value(i));
+                     format_ms(objective_value(r.figures, o_.objective));
+  if (after.runs.size() > 1)
+    line += " (median of " + std::to_string(after.runs.size()) + " runs " + format_ms(value(i)) + ")";
   if (incumbent_ >= 0 && incumbent_ != i) line += ", best so far " + format_ms(value(incumbent_));
   if (!breach.empty()) line += ", over SLO (" + breach + ")";
   say(line);

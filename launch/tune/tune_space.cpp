@@ -126,10 +126,12 @@ std::vector<TuneKnob> tune_space(const TuneSpaceInputs& in) {
   add("cache.prefix_reuse", {{"true", false}, {"false", false}}, false);
 
   // Batch sizes "until latency plateaus": beyond the requests in flight a larger limit
-  // changes nothing, so the ladder stops at the first power of two that covers them.
+  // changes nothing, so the ladder stops at the first power of two that covers them, and
+  // before it when the job's own limit already covers them (the two would run alike).
   std::vector<TuneValue> batches;
   const int in_flight = std::max(1, job.workload.concurrency);
   for (int b = 1; b <= 1024; b *= 2) {
+    if (b >= in_flight && job.scheduler.max_batch >= in_flight) break;
     batches.push_back({std::to_string(b), false});
     if (b >= in_flight) break;
   }

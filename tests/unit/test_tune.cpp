@@ -75,9 +75,16 @@ TEST(TuneSpace, KnobsForOneRankWithoutLossyStrategies) {
   const TuneKnob* batch = knob(knobs, "scheduler.max_batch");
   ASSERT_NE(batch, nullptr);
   EXPECT_TRUE(batch->ordered);
-  // Four requests in flight: batches past 4 change nothing, but the job's own 8 stays.
-  EXPECT_EQ(yamls(*batch), (std::vector<std::string>{"1", "2", "4", "8"}));
+  // Four requests in flight: a limit of 4 runs as the job's own 8 does, so only smaller
+  // ones are tried.
+  EXPECT_EQ(yamls(*batch), (std::vector<std::string>{"1", "2", "8"}));
   EXPECT_EQ(batch->values[batch->current].yaml, "8");
+  const JobConfig small = parse_job_config(kTinyJob, "job.yaml", {"scheduler.max_batch=2"});
+  in.job = &small;
+  const std::vector<TuneKnob> small_knobs = tune_space(in);
+  const TuneKnob* up = knob(small_knobs, "scheduler.max_batch");
+  ASSERT_NE(up, nullptr);
+  EXPECT_EQ(yamls(*up), (std::vector<std::string>{"1", "2", "4"})) << "up to the requests in flight";
   const TuneKnob* cached = knob(knobs, "cache.cached_layers");
   ASSERT_NE(cached, nullptr);
   EXPECT_EQ(yamls(*cached), (std::vector<std::string>{"all", "2", "1"}));
