@@ -203,7 +203,6 @@ struct Landscape {
     TuneFigures f;
     f.e2e_mean_ms = e2e.at(b) + (value(c, "cache.prefix_reuse", "true") == "false" ? 20 : 0) +
                     block.at(value(c, "cache.block_size", "16"));
-    f.e2e_mean_ms *= c.phase == "full" ? 1.0 : 1.0;
     f.tpot_p99_ms = tpot.at(b);
     f.ttft_p99_ms = 10;
     f.output_tokens_per_s = 1000.0 / f.e2e_mean_ms;
