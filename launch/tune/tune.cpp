@@ -102,17 +102,24 @@ void tune(const TuneOptions& o) {
                screen, full);
   TuneSearchHooks hooks;
   hooks.elapsed_s = elapsed;
-  hooks.check = [&](const TuneSettings& settings) -> std::string {
+  hooks.check = [&](const TuneSettings& settings) -> TuneCheck {
     std::vector<std::string> sets = o.overrides;
     for (const auto& [k, v] : settings) sets.push_back(k + "=" + v);
-    const std::vector<ConfigProblem> problems = validate_job_config_file(o.config, sets, o.ranks);
-    if (!problems.empty()) return problems.front().message;
+    TuneCheck check;
     try {
-      plan_job(load_job_config(o.config, sets), o.ranks);
+      const JobConfig candidate = load_job_config(o.config, sets);
+      const std::vector<ConfigProblem> problems = check_job_for_ranks(candidate, o.ranks);
+      if (!problems.empty()) {
+        check.problem = problems.front().message;
+        return check;
+      }
+      check.fingerprint = run_fingerprint(candidate, plan_job(candidate, o.ranks));
+    } catch (const JobConfigError& e) {
+      check.problem = e.problems().empty() ? e.what() : e.problems().front().message;
     } catch (const std::exception& e) {
-      return e.what();
+      check.problem = e.what();
     }
-    return "";
+    return check;
   };
   hooks.run = [&](const TuneCandidate& c, double deadline_s) { return runner.run(c, deadline_s - elapsed()); };
   if (probe)

@@ -27,13 +27,15 @@ std::string bar(double share, int width = 20) {
   return "[" + std::string(static_cast<size_t>(full), '#') + std::string(static_cast<size_t>(width - full), '-') + "]";
 }
 
-// The value a candidate gives `key`: its own setting, else the job's.
-std::string value_of(const TuneSettings& settings, const std::vector<TuneKnob>& knobs, const std::string& key) {
+// The value a candidate gives `key`: its own setting, else the job's (`job_value` when the
+// key is not a knob of this search).
+std::string value_of(const TuneSettings& settings, const std::vector<TuneKnob>& knobs, const std::string& key,
+                     const std::string& job_value = "") {
   for (const auto& [k, v] : settings)
     if (k == key) return v;
   for (const TuneKnob& knob : knobs)
     if (knob.key == key) return knob.values[knob.current].yaml;
-  return "";
+  return job_value;
 }
 
 class Search {
@@ -53,6 +55,8 @@ class Search {
   double estimate_screen_s() const;
   double reserve_s() const;
   bool afford(double run_s, double reserve) const { return h_.elapsed_s() + run_s + reserve <= o_.budget_s; }
+  bool checked(int i);
+  int runs_alike(int i);
   bool measure_once(int i);
   bool better(int a, int b) {
     return lower_is_better(o_.objective) ? value(a) < value(b) : value(a) > value(b);
@@ -63,7 +67,10 @@ class Search {
   }
   bool wins(int challenger, int incumbent);
   void visit(const TuneKnob& knob);
-  bool try_value(const TuneKnob& knob, size_t index);
+  // What trying a value gave: nothing better (or nothing could run), a new best, or a
+  // configuration that runs as the best so far does (a walk goes on past it).
+  enum class Step { kWorse, kBetter, kAlike };
+  Step try_value(const TuneKnob& knob, size_t index);
   void final_comparison();
   void say(const std::string& what);
 
@@ -112,18 +119,33 @@ void Search::say(const std::string& what) {
   h_.progress(head + what);
 }
 
-bool Search::measure_once(int i) {
-  if (stopped_) return false;
+// Checks a candidate once: false (and marked invalid) when it cannot run.
+bool Search::checked(int i) {
   TuneCandidate& c = at(i);
   if (c.status.rfind("invalid", 0) == 0) return false;
-  if (c.status.empty() && h_.check) {
-    const std::string problem = h_.check(c.settings);
-    if (!problem.empty()) {
-      c.status = "invalid: " + problem;
-      say(c.label() + ": " + c.status);
-      return false;
-    }
+  if (!c.status.empty() || !c.fingerprint.empty() || !h_.check) return true;
+  const TuneCheck check = h_.check(c.settings);
+  if (!check.problem.empty()) {
+    c.status = "invalid: " + check.problem;
+    say(c.label() + ": " + c.status);
+    return false;
   }
+  c.fingerprint = check.fingerprint;
+  return true;
+}
+
+// An earlier candidate of the same phase that runs exactly as candidate i would, or -1.
+int Search::runs_alike(int i) {
+  if (at(i).fingerprint.empty()) return -1;
+  for (const TuneCandidate& c : out_.candidates)
+    if (c.id != i && c.phase == at(i).phase && c.fingerprint == at(i).fingerprint) return c.id;
+  return -1;
+}
+
+bool Search::measure_once(int i) {
+  if (stopped_) return false;
+  if (!checked(i)) return false;
+  TuneCandidate& c = at(i);
   ++runs_;
   // The job's own screening runs set the pace; a candidate far slower is stopped early.
   double deadline = o_.budget_s;
@@ -195,11 +217,11 @@ bool Search::wins(int challenger, int incumbent) {
   return better(challenger, incumbent);
 }
 
-bool Search::try_value(const TuneKnob& knob, size_t index) {
-  if (stopped_ || out_of_budget_) return false;
+Search::Step Search::try_value(const TuneKnob& knob, size_t index) {
+  if (stopped_ || out_of_budget_) return Step::kWorse;
   if (!afford(estimate_screen_s(), reserve_s())) {
     out_of_budget_ = true;
-    return false;
+    return Step::kWorse;
   }
   TuneSettings settings;
   bool lossy = false;
@@ -224,16 +246,27 @@ bool Search::try_value(const TuneKnob& knob, size_t index) {
   for (const auto& r : ranked) settings.push_back(r.second);
 
   const int c = add(settings, "screen", lossy);
-  if (!at(c).measured() && !measure_once(c)) return false;
-  if (c == incumbent_ || !wins(c, incumbent_)) return false;
+  if (c == incumbent_) return Step::kAlike;
+  if (!at(c).measured()) {
+    if (!checked(c)) return Step::kWorse;
+    // Measuring it again would only measure the other one's noise.
+    const int twin = runs_alike(c);
+    if (twin >= 0 && at(c).status.empty()) {
+      at(c).status = "same as #" + std::to_string(twin) + ": runs alike (" + at(twin).label() + ")";
+      say(at(c).label() + ": " + at(c).status + ", not run");
+    }
+    if (twin >= 0) return twin == incumbent_ ? Step::kAlike : Step::kWorse;
+    if (!measure_once(c)) return Step::kWorse;
+  }
+  if (!wins(c, incumbent_)) return Step::kWorse;
   incumbent_ = c;
   say("new best: " + at(c).label());
-  return true;
+  return Step::kBetter;
 }
 
 void Search::visit(const TuneKnob& knob) {
   if (!knob.unless_key.empty() &&
-      value_of(at(incumbent_).settings, knobs_, knob.unless_key) == knob.unless_value) {
+      value_of(at(incumbent_).settings, knobs_, knob.unless_key, knob.unless_job) == knob.unless_value) {
     out_.knobs_done.push_back(knob.key + " (not tried: " + knob.unless_key + " is " + knob.unless_value + ")");
     return;
   }
@@ -243,10 +276,14 @@ void Search::visit(const TuneKnob& knob) {
     if (knob.values[i].yaml == now) cur = i;
   if (knob.ordered) {
     bool improved = false;
-    for (size_t i = cur + 1; i < knob.values.size() && try_value(knob, i); ++i) improved = true;
+    for (size_t i = cur + 1; i < knob.values.size(); ++i) {
+      const Step step = try_value(knob, i);
+      if (step == Step::kWorse) break;
+      if (step == Step::kBetter) improved = true;
+    }
     if (!improved)
-      for (size_t i = cur; i-- > 0 && try_value(knob, i);) {
-      }
+      for (size_t i = cur; i-- > 0;)
+        if (try_value(knob, i) == Step::kWorse) break;
   } else {
     for (size_t i = 0; i < knob.values.size(); ++i)
       if (i != cur) try_value(knob, i);

@@ -84,7 +84,9 @@ struct TuneCandidate {
   bool lossy = false;
   std::vector<TuneFigures> runs;
   std::vector<std::string> run_dirs;
-  std::string status;          // "" until measured; "ok", "over SLO: ...", "invalid: ...", "failed: ..."
+  std::string status;          // "" until measured; "ok", "over SLO: ...", "invalid: ...", "failed: ...",
+                               // "same as #N: ..." (not run: it runs as candidate N does)
+  std::string fingerprint;     // how it runs (TuneCheck), once checked
   std::optional<LossyCost> cost;
 
   std::string label() const;   // "job as given" or "cache.block_size=32, scheduler.max_batch=4"
@@ -118,9 +120,16 @@ struct TuneSearchOptions {
   double full_over_screen = 1.0;
 };
 
+// Whether a configuration can run, and how it runs: candidates with the same non-empty
+// fingerprint run alike (run_fingerprint), so only the first of them is measured.
+struct TuneCheck {
+  std::string problem;         // "" or why it is invalid (one line)
+  std::string fingerprint;
+};
+
 struct TuneSearchHooks {
   std::function<double()> elapsed_s;                                             // since tune started
-  std::function<std::string(const TuneSettings&)> check;                          // "" or why invalid
+  std::function<TuneCheck(const TuneSettings&)> check;                            // may be empty
   std::function<TuneRunResult(const TuneCandidate&, double deadline_s)> run;      // one run
   std::function<LossyCost(const TuneCandidate&)> lossy_cost;                      // may be empty
   std::function<void(const std::string&)> progress;                               // one line

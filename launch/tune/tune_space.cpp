@@ -113,6 +113,36 @@ std::string job_value_yaml(const JobConfig& job, const std::string& key) {
   throw std::logic_error("job_value_yaml: " + key + " is not a tuning knob");
 }
 
+std::string run_fingerprint(const JobConfig& job, const JobPlan& plan) {
+  std::ostringstream out;
+  const int64_t stages = plan.grid.stages();
+  std::vector<int> layers;
+  for (const StagePlan& s : plan.partition.stages) layers.push_back(static_cast<int>(s.num_layers));
+  const int64_t micro_batches =
+      stages == 1 ? 1 : (job.parallel.micro_batches > 0 ? job.parallel.micro_batches : stages);
+  // The scheduler seats at most ceil(in flight / micro-batches) sequences per micro-batch.
+  const int64_t in_flight = std::max(1, job.workload.concurrency);
+  const int64_t seats = std::min<int64_t>(job.scheduler.max_batch, (in_flight + micro_batches - 1) / micro_batches);
+  const int64_t prefill = job.scheduler.max_prefill_tokens_per_step >= job.scheduler.max_tokens_per_step
+                              ? 0
+                              : job.scheduler.max_prefill_tokens_per_step;
+  out << "dtype=" << static_cast<int>(plan.dtype) << " device=" << static_cast<int>(plan.device_type)
+      << " threads=" << job.runtime.threads << " tensor=" << plan.grid.tensor << " layers=" << yaml_list(layers)
+      << " micro_batches=" << micro_batches << " backend=" << job.parallel.backend
+      << " block_size=" << plan.block_size << " blocks=" << plan.partition.num_blocks
+      << " prefix_reuse=" << job.cache.prefix_reuse << " kv_dtype=" << static_cast<int>(plan.kv_dtype)
+      << " first_cached_layer=" << plan.first_cached_layer
+      << " window=" << (job.cache.window_recent > 0 ? window_yaml(job.cache.window_sinks, job.cache.window_recent)
+                                                     : std::string("none"))
+      << " seats=" << seats << " max_tokens_per_step=" << job.scheduler.max_tokens_per_step
+      << " max_prefill_tokens_per_step=" << prefill << " speculative=" << job.speculative.method;
+  if (job.speculative.method != "off")
+    out << " num_tokens=" << job.speculative.num_tokens << " ngram=" << job.speculative.ngram_min << ".."
+        << job.speculative.ngram_max << " speculative_max_batch=" << job.speculative.max_batch
+        << " draft=" << job.speculative.model;
+  return out.str();
+}
+
 std::vector<TuneKnob> tune_space(const TuneSpaceInputs& in) {
   const JobConfig& job = *in.job;
   const int64_t layers = in.model.num_layers;
@@ -126,12 +156,11 @@ std::vector<TuneKnob> tune_space(const TuneSpaceInputs& in) {
   add("cache.prefix_reuse", {{"true", false}, {"false", false}}, false);
 
   // Batch sizes "until latency plateaus": beyond the requests in flight a larger limit
-  // changes nothing, so the ladder stops at the first power of two that covers them, and
-  // before it when the job's own limit already covers them (the two would run alike).
+  // changes nothing, so the ladder stops at the first power of two that covers them (the
+  // search measures only one of the limits that run alike: run_fingerprint).
   std::vector<TuneValue> batches;
   const int in_flight = std::max(1, job.workload.concurrency);
   for (int b = 1; b <= 1024; b *= 2) {
-    if (b >= in_flight && job.scheduler.max_batch >= in_flight) break;
     batches.push_back({std::to_string(b), false});
     if (b >= in_flight) break;
   }
@@ -178,6 +207,7 @@ std::vector<TuneKnob> tune_space(const TuneSpaceInputs& in) {
   if (!knobs.empty() && knobs.back().key == "speculative.num_tokens") {
     knobs.back().unless_key = "speculative.method";
     knobs.back().unless_value = "off";
+    knobs.back().unless_job = job_value_yaml(job, "speculative.method");
   }
 
   if (in.allow_lossy) {

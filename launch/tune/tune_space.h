@@ -17,6 +17,8 @@
 
 namespace kvpipe {
 
+struct JobPlan;
+
 struct TuneValue {
   std::string yaml;    // as --set takes it: "32", "true", "q8_0", "{sinks: 4, recent: 256}"
   bool lossy = false;  // changes the model's outputs against the job's own value
@@ -30,8 +32,9 @@ struct TuneKnob {
   // value and stops a direction once it gets worse, instead of trying every value.
   bool ordered = false;
   // Not tried while the setting `unless_key` holds the value `unless_value` (the number of
-  // draft tokens while speculative decoding is off).
-  std::string unless_key, unless_value;
+  // draft tokens while speculative decoding is off); `unless_job` is the job's own value of
+  // `unless_key`, for when that key is not searched itself (--keys).
+  std::string unless_key, unless_value, unless_job;
 };
 
 struct TuneSpaceInputs {
@@ -56,5 +59,12 @@ std::vector<TuneKnob> select_knobs(std::vector<TuneKnob> knobs, const std::vecto
 
 // The job's value of `key` as YAML (one of the keys tune_space returns).
 std::string job_value_yaml(const JobConfig& job, const std::string& key);
+
+// How the job runs, as one line: every tuned setting with `auto` and no-op values resolved
+// (the stages' layer counts, micro-batches, the cache dtype, the batch limit the requests in
+// flight can reach, a prefill limit at or above the step limit, draft settings while
+// speculative decoding is off). Two configurations with the same fingerprint run alike, so
+// the search measures only one of them.
+std::string run_fingerprint(const JobConfig& job, const JobPlan& plan);
 
 }  // namespace kvpipe

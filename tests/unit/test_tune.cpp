@@ -4,6 +4,7 @@
 // tiny model (within the budget, tuned.yaml valid and equal to the winner's configuration,
 // no lossy strategy unless allowed, bad options exit 2).
 #include "launch/job_config.h"
+#include "launch/job_plan.h"
 #include "launch/tune/candidate_runner.h"
 #include "launch/tune/lossy_cost.h"
 #include "launch/tune/tune_report.h"
@@ -14,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -75,9 +77,9 @@ TEST(TuneSpace, KnobsForOneRankWithoutLossyStrategies) {
   const TuneKnob* batch = knob(knobs, "scheduler.max_batch");
   ASSERT_NE(batch, nullptr);
   EXPECT_TRUE(batch->ordered);
-  // Four requests in flight: a limit of 4 runs as the job's own 8 does, so only smaller
-  // ones are tried.
-  EXPECT_EQ(yamls(*batch), (std::vector<std::string>{"1", "2", "8"}));
+  // Four requests in flight: the ladder stops at 4 (which runs as the job's own 8 does: the
+  // search measures one of the two, run_fingerprint).
+  EXPECT_EQ(yamls(*batch), (std::vector<std::string>{"1", "2", "4", "8"}));
   EXPECT_EQ(batch->values[batch->current].yaml, "8");
   const JobConfig small = parse_job_config(kTinyJob, "job.yaml", {"scheduler.max_batch=2"});
   in.job = &small;
@@ -91,6 +93,41 @@ TEST(TuneSpace, KnobsForOneRankWithoutLossyStrategies) {
   const TuneKnob* draft_tokens = knob(knobs, "speculative.num_tokens");
   ASSERT_NE(draft_tokens, nullptr);
   EXPECT_EQ(draft_tokens->unless_key, "speculative.method");
+  EXPECT_EQ(draft_tokens->unless_job, "off") << "the job's own method, for --keys speculative.num_tokens alone";
+}
+
+// Configurations that run alike share a fingerprint; any change in how they run does not.
+TEST(TuneSpace, RunFingerprintResolvesAutoAndNoOpValues) {
+  auto print = [](const std::vector<std::string>& sets, int ranks) {
+    const JobConfig job = parse_job_config(kTinyJob, "job.yaml", sets);
+    return run_fingerprint(job, plan_job(job, ranks));
+  };
+  const std::string job = print({}, 1);
+  // Four requests in flight: any limit of 4 or more seats them all.
+  EXPECT_EQ(print({"scheduler.max_batch=4"}, 1), job);
+  EXPECT_NE(print({"scheduler.max_batch=2"}, 1), job);
+  // A prefill limit at or above the step's own limit (512) limits nothing.
+  EXPECT_EQ(print({"scheduler.max_prefill_tokens_per_step=512"}, 1), job);
+  EXPECT_NE(print({"scheduler.max_prefill_tokens_per_step=64"}, 1), job);
+  // Draft settings while speculative decoding is off; `auto` is the compute dtype.
+  EXPECT_EQ(print({"speculative.num_tokens=8"}, 1), job);
+  EXPECT_NE(print({"speculative.method=ngram"}, 1), job);
+  EXPECT_NE(print({"speculative.method=ngram", "speculative.num_tokens=8"}, 1), print({"speculative.method=ngram"}, 1));
+  EXPECT_EQ(print({"cache.dtype=float32"}, 1), job);
+  EXPECT_NE(print({"cache.dtype=q8_0"}, 1), job);
+  EXPECT_NE(print({"cache.block_size=32"}, 1), job);
+  EXPECT_NE(print({"cache.prefix_reuse=false"}, 1), job);
+  EXPECT_EQ(print({"cache.cached_layers=4"}, 1), job) << "dummy:tiny has 4 layers: all of them";
+  EXPECT_NE(print({"cache.cached_layers=2"}, 1), job);
+  EXPECT_NE(print({"cache.window={sinks: 4, recent: 16}"}, 1), job);
+  // Two ranks: auto is the even split and as many micro-batches as stages.
+  const std::string two = print({}, 2);
+  EXPECT_EQ(print({"parallel.layers=[2, 2]"}, 2), two);
+  EXPECT_NE(print({"parallel.layers=[1, 3]"}, 2), two);
+  EXPECT_EQ(print({"parallel.micro_batches=2"}, 2), two);
+  EXPECT_NE(print({"parallel.micro_batches=1"}, 2), two);
+  EXPECT_NE(print({"parallel.tensor=2"}, 2), two);
+  EXPECT_EQ(print({"parallel.micro_batches=2"}, 1), job) << "one stage has one micro-batch";
 }
 
 TEST(TuneSpace, LossyStrategiesOnlyWhenAllowedAndMarked) {
@@ -263,6 +300,71 @@ TEST(TuneSearch, WinnerNeverBreaksTheSloAndTheScaleIsWalkedUntilItStopsHelping) 
   EXPECT_EQ(out.final_winner, out.winner);
   EXPECT_NEAR(out.gain, (100.0 - 87.0) / 100.0, 1e-12);
   EXPECT_EQ(out.gain_pairs, 3);
+}
+
+// A value that runs as the best so far is not measured, and the walk goes on past it.
+TEST(TuneSearch, ConfigurationsThatRunAlikeAreMeasuredOnce) {
+  Landscape land;
+  // A limit of 4 seats as many as 8: one configuration (give both the figures of 8).
+  auto alike = [](TuneSettings settings) {
+    for (auto& kv : settings)
+      if (kv.first == "scheduler.max_batch" && kv.second == "4") kv.second = "8";
+    settings.erase(std::remove(settings.begin(), settings.end(), std::make_pair(std::string("scheduler.max_batch"),
+                                                                                std::string("8"))),
+                   settings.end());
+    TuneCandidate c;
+    c.settings = settings;
+    return c.label();
+  };
+  TuneSearchOptions o;
+  o.budget_s = 10000;
+  TuneSearchHooks h = land.hooks();
+  h.check = [&](const TuneSettings& settings) {
+    TuneCheck check;
+    check.fingerprint = alike(settings);
+    return check;
+  };
+  const TuneOutcome out = tune_search(land.knobs, o, h);
+  const TuneCandidate* four = nullptr;
+  for (const TuneCandidate& c : out.candidates)
+    if (c.label() == "scheduler.max_batch=4") four = &c;
+  ASSERT_NE(four, nullptr) << "the value is considered";
+  EXPECT_FALSE(four->measured());
+  EXPECT_EQ(four->status.rfind("same as #0: runs alike (job as given)", 0), 0u) << four->status;
+  EXPECT_EQ(land.runs_of.count("scheduler.max_batch=4screen"), 0u);
+  // The walk down went on past it to 2 (90 ms), which wins: 1 is worse.
+  ASSERT_GE(out.winner, 0);
+  EXPECT_EQ(out.candidates[static_cast<size_t>(out.winner)].label(), "scheduler.max_batch=2, cache.block_size=32");
+  int ones = 0;
+  for (const TuneCandidate& c : out.candidates) ones += c.label() == "scheduler.max_batch=1";
+  EXPECT_EQ(ones, 1);
+}
+
+// A check that finds a candidate invalid keeps it from running, and the search goes on.
+TEST(TuneSearch, InvalidCandidatesAreListedNotRun) {
+  Landscape land;
+  TuneSearchOptions o;
+  o.budget_s = 10000;
+  TuneSearchHooks h = land.hooks();
+  h.check = [](const TuneSettings& settings) {
+    TuneCheck check;
+    for (const auto& kv : settings)
+      if (kv.first == "cache.prefix_reuse") check.problem = "job.yaml: cache.prefix_reuse: not here";
+    TuneCandidate c;
+    c.settings = settings;
+    check.fingerprint = c.label();
+    return check;
+  };
+  const TuneOutcome out = tune_search(land.knobs, o, h);
+  bool listed = false;
+  for (const TuneCandidate& c : out.candidates)
+    if (c.label().find("cache.prefix_reuse=false") != std::string::npos) {
+      listed = true;
+      EXPECT_FALSE(c.measured());
+      EXPECT_EQ(c.status, "invalid: job.yaml: cache.prefix_reuse: not here");
+    }
+  EXPECT_TRUE(listed);
+  EXPECT_EQ(out.end_reason, "searched every knob");
 }
 
 TEST(TuneSearch, NoCandidateMeetingTheSloMeansNoWinner) {
