@@ -153,7 +153,12 @@ void tune(const TuneOptions& o) {
   if (outcome.winner < 0)
     throw JobFailure("tune: no configuration met --slo " + slo_text(search.slo) + "; " + dir + "/report.md lists them");
   const TuneCandidate& w = outcome.candidates[static_cast<size_t>(outcome.winner)];
-  if (outcome.winner_is_job) {
+  if (outcome.rejected_winner >= 0) {
+    std::printf("tune: nothing beat the job as given on the whole workload: the screening winner, %s, gained %.1f%% "
+                "(range %.1f%% to %.1f%% over %d pair(s) of full runs); %s/tuned.yaml is the job\n",
+                outcome.candidates[static_cast<size_t>(outcome.rejected_winner)].label().c_str(), 100 * outcome.gain,
+                100 * outcome.gain_min, 100 * outcome.gain_max, outcome.gain_pairs, dir.c_str());
+  } else if (outcome.winner_is_job) {
     std::printf("tune: nothing beat the job as given; %s/tuned.yaml is the job\n", dir.c_str());
   } else {
     std::printf("tune: best %s: %s", objective_name(search.objective).c_str(), w.label().c_str());

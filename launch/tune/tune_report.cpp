@@ -211,17 +211,26 @@ std::string tune_report_markdown(const TuneOutcome& o, const TuneReportInputs& i
     md << "No configuration " << (in.search.slo.any() ? "met the SLO" : "was measured") << ". No tuned.yaml was written.\n\n";
   } else {
     const TuneCandidate& w = o.candidates[static_cast<size_t>(o.winner)];
-    if (o.winner_is_job) md << "**Nothing beat the job as given** within the noise";
-    else md << "**Tuned: " << md_cell(w.label()) << "**";
+    if (o.rejected_winner >= 0) {
+      md << "**Nothing beat the job as given** on the whole workload: the screening winner, "
+         << md_cell(o.candidates[static_cast<size_t>(o.rejected_winner)].label()) << ", gained " << percent(o.gain)
+         << " in " << objective_name(objective) << " (median of " << o.gain_pairs << " alternating pair(s) of full runs; range "
+         << percent(o.gain_min) << " to " << percent(o.gain_max) << ")";
+    } else if (o.winner_is_job) {
+      md << "**Nothing beat the job as given** within the noise";
+    } else {
+      md << "**Tuned: " << md_cell(w.label()) << "**";
+    }
     md << ". tuned.yaml holds it: `kvpipe bench --config tuned.yaml --out OUT` runs it.\n\n";
     const int fb = o.final_baseline >= 0 ? o.final_baseline : o.baseline;
     const int fw = o.final_winner >= 0 ? o.final_winner : o.winner;
     const TuneCandidate& b = o.candidates[static_cast<size_t>(fb)];
     const TuneCandidate& t = o.candidates[static_cast<size_t>(fw)];
     const TuneFigures bm = b.median(), tm = t.median();
-    md << "Medians over the " << b.phase << " runs (" << b.runs.size() << " of the job, " << t.runs.size()
-       << " of the tuned):\n\n";
-    md << "| figure | job as given | tuned | change |\n|---|---|---|---|\n";
+    const char* other = o.rejected_winner >= 0 ? "screening winner" : "tuned";
+    md << "Medians over the " << b.phase << " runs (" << b.runs.size() << " of the job, " << t.runs.size() << " of the "
+       << other << "):\n\n";
+    md << "| figure | job as given | " << other << " | change |\n|---|---|---|---|\n";
     auto row = [&](const char* name, double x, double y) {
       md << "| " << name << " | " << num(x) << " | " << num(y) << " | " << (x != 0 ? percent((y - x) / x) : "") << " |\n";
     };

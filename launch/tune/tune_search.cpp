@@ -344,6 +344,12 @@ void Search::final_comparison() {
   out_.gain_min = *std::min_element(gains.begin(), gains.end());
   out_.gain_max = *std::max_element(gains.begin(), gains.end());
   out_.gain_pairs = pairs;
+  if (out_.gain <= 0.0) {
+    // Screening ranked it first, the whole workload does not: keep the job as given.
+    out_.rejected_winner = out_.winner;
+    out_.winner = out_.baseline;
+    out_.winner_is_job = true;
+  }
 }
 
 TuneOutcome Search::run() {

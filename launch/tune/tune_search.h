@@ -8,7 +8,8 @@
 // itself are measured again, up to `max_repeats` runs each, and compared by their medians.
 // A candidate whose median breaks the SLO is never the winner. The winner and the job as
 // given are then measured on the whole workload, alternately, for the reported gain and its
-// spread. Nothing starts that the budget cannot finish: a run is only begun when the time
+// spread; a winner that does no better than the job there is not reported (the job as given
+// stands). Nothing starts that the budget cannot finish: a run is only begun when the time
 // left covers it (its estimate from the runs before) and the final comparison. A screening
 // run that takes `slow_cut` times the job's own is stopped and its candidate dropped.
 //
@@ -151,6 +152,9 @@ struct TuneOutcome {
   double gain_max = std::numeric_limits<double>::quiet_NaN();
   int gain_pairs = 0;
   bool winner_is_job = false;   // nothing beat the job as given
+  // The screening winner that, on the whole workload, did no better than the job (gain <= 0
+  // over the full pairs): the job as given stands, and the gain says by how much it lost.
+  int rejected_winner = -1;
 };
 
 TuneOutcome tune_search(const std::vector<TuneKnob>& knobs, const TuneSearchOptions& options,

@@ -468,6 +468,32 @@ TEST(TuneSearch, FullRunsOfTheJobAndTheWinnerAlternateForTheGain) {
   EXPECT_NEAR(out.gain, (100.0 - 77.0) / 100.0, 1e-12) << "batch 4 and block 32 without an SLO";
 }
 
+// A screening winner that does worse than the job on the whole workload is not reported:
+// the job as given stands, with the measured loss.
+TEST(TuneSearch, AWinnerThatLosesOnTheWholeWorkloadLeavesTheJobAsGiven) {
+  Landscape land;
+  land.jitter = [](const TuneCandidate& c, int) { return c.phase == "full" && !c.settings.empty() ? 30.0 : 0.0; };
+  TuneSearchOptions o;
+  o.budget_s = 100000;
+  o.full_over_screen = 4.0;
+  const TuneOutcome out = tune_search(land.knobs, o, land.hooks());
+  ASSERT_GE(out.rejected_winner, 0);
+  EXPECT_EQ(out.candidates[static_cast<size_t>(out.rejected_winner)].label(),
+            "scheduler.max_batch=4, cache.block_size=32");
+  EXPECT_EQ(out.winner, out.baseline);
+  EXPECT_TRUE(out.winner_is_job);
+  EXPECT_EQ(out.gain_pairs, 3);
+  EXPECT_NEAR(out.gain, (100.0 - 107.0) / 100.0, 1e-12);
+  TuneReportInputs in;
+  in.config = "job.yaml";
+  in.search = o;
+  const std::string md = tune_report_markdown(out, in);
+  EXPECT_NE(md.find("**Nothing beat the job as given** on the whole workload: the screening winner, "
+                    "scheduler.max_batch=4, cache.block_size=32, gained -7.0%"),
+            std::string::npos)
+      << md;
+}
+
 std::vector<std::pair<int64_t, std::vector<ProbeToken>>> generation(std::vector<std::vector<double>> probs,
                                                                     std::vector<int64_t> tokens) {
   std::vector<ProbeToken> out;
