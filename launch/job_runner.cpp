@@ -116,8 +116,8 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
   at::set_num_threads(1);
   set_cpu_blas_threads(job.runtime.threads);
   ThreadPool::instance().set_threads(job.runtime.threads);
-  log_printf(LogLevel::kDebug, "CPU kernels: %s (float types %s), %d thread(s)", dot_kernel_isa(), float_kernel_isa(),
-             job.runtime.threads);
+  log_printf(LogLevel::kDebug, "CPU kernels: %s (32-value blocks %s, float types %s), %d thread(s)", dot_kernel_isa(),
+             block_kernel_isa(), float_kernel_isa(), job.runtime.threads);
 
   if (device.is_cpu() && plan.dtype != at::kFloat)
     throw std::invalid_argument(job.source + ": model.dtype " + job.model.dtype +

@@ -660,6 +660,7 @@ ordered_json bench_machine_json() {
                       {"cpu", cpu_model()},
                       {"cpu_features", describe_cpu_features()},
                       {"cpu_kernels", dot_kernel_isa()},
+                      {"cpu_block_kernels", block_kernel_isa()},
                       {"cpu_float_kernels", float_kernel_isa()},
                       {"cpu_prompt_kernels", prompt_kernels_description()},
                       {"cores", std::thread::hardware_concurrency()},

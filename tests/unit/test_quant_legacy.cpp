@@ -257,6 +257,48 @@ TEST(QuantLegacy, FloatAvx512KernelsMatchFloat64ReferenceWhereTheProcessorRunsTh
   EXPECT_EQ(quant_impl::float_avx512_kernel(QuantType::Q8_0), nullptr);
 }
 
+// The block types' VNNI kernels, where the processor runs them, against the AVX2 ones on the
+// same rows: vpdpbusd forms the same integers as maddubs + madd, so every result is the same
+// float, bit for bit, for every shape and input count; and dot_kernel hands them out there.
+TEST(QuantLegacy, VnniBlockKernelsEqualTheAvx2OnesBitForBit) {
+  if (!quant_impl::use_avx512_vnni())
+    GTEST_SKIP() << "the VNNI block kernels do not run here: avx512-vnni "
+                 << probe_cpu_feature(CpuFeature::kAvx512Vnni).describe() << ", KVPIPE_CPU_KERNELS "
+                 << (std::getenv("KVPIPE_CPU_KERNELS") ? std::getenv("KVPIPE_CPU_KERNELS") : "unset");
+  EXPECT_STREQ(block_kernel_isa(), "avx512-vnni");
+  int checked = 0;
+  uint32_t seed = 900;
+  for (const QuantType type : kLegacyTypes) {
+    if (!is_block_type(type)) {
+      EXPECT_EQ(quant_impl::legacy_vnni_kernel(type), nullptr) << quant_name(type);
+      continue;
+    }
+    const DotKernel vnni = quant_impl::legacy_vnni_kernel(type);
+    const DotKernel avx2 = quant_impl::legacy_avx2_kernel(type);
+    ASSERT_NE(vnni, nullptr) << quant_name(type);
+    EXPECT_EQ(dot_kernel(type), vnni) << quant_name(type);
+    const ActivationType at = quant_traits(type).activation;
+    for (const int64_t cols : {int64_t{32}, int64_t{64}, int64_t{288}, int64_t{576}, int64_t{4096}}) {
+      const int64_t rows = 11, row_bytes = quant_row_bytes(type, cols);
+      const std::vector<uint8_t> w = random_rows(type, rows, cols, row_bytes, ++seed);
+      const int64_t x_stride = activation_row_bytes(at, cols);
+      std::vector<uint8_t> x(static_cast<size_t>(x_stride * kMaxKernelInputs));
+      for (int j = 0; j < kMaxKernelInputs; ++j)
+        quantize_activation_row(at, random_activations(cols, ++seed).data(), x.data() + j * x_stride, cols);
+      for (int inputs = 1; inputs <= kMaxKernelInputs; ++inputs, ++checked) {
+        std::vector<float> a(static_cast<size_t>(rows * inputs)), b(a.size());
+        vnni(w.data(), row_bytes, x.data(), x_stride, inputs, a.data(), rows, 2, rows, cols);
+        avx2(w.data(), row_bytes, x.data(), x_stride, inputs, b.data(), rows, 2, rows, cols);
+        for (int j = 0; j < inputs; ++j)
+          for (int64_t r = 2; r < rows; ++r)
+            ASSERT_EQ(a[j * rows + r], b[j * rows + r])
+                << quant_name(type) << " cols=" << cols << " inputs=" << inputs << " row=" << r << " input=" << j;
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
 // quant_matmul hands a row to groups of different sizes; its result must not depend on that.
 TEST(QuantLegacy, RowResultsDoNotDependOnInputCount) {
   for (const QuantType type : kLegacyTypes) {

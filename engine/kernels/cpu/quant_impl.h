@@ -22,6 +22,10 @@ bool use_avx2();
 // KVPIPE_CPU_KERNELS is not "avx2" (which keeps every kernel at AVX2). Decided once.
 bool use_avx512();
 
+// Whether the 32-value block types' AVX-512 VNNI kernels run: use_avx512() and the VNNI
+// probe passed. Decided once.
+bool use_avx512_vnni();
+
 // F32, F16, BF16 rows on AVX-512 (quant_float_avx512.cpp); nullptr for other types or where
 // the build has no x86 vector code.
 DotKernel float_avx512_kernel(QuantType type);
@@ -32,6 +36,9 @@ void legacy_quantize_activation_row(ActivationType type, const float* x, void* d
 void legacy_dequantize_activation_row(ActivationType type, const void* src, float* dst, int64_t cols);
 DotKernel legacy_portable_kernel(QuantType type);
 DotKernel legacy_avx2_kernel(QuantType type);  // nullptr where the build has no x86 vector code
+// The 32-value block types' AVX2 kernels with vpdpbusd for maddubs + madd: the same results,
+// bit for bit. nullptr for the float types or where the build has no x86 vector code.
+DotKernel legacy_vnni_kernel(QuantType type);
 
 // Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS; activations Q8_K.
 void k_dequantize_row(QuantType type, const void* src, float* dst, int64_t cols);

@@ -42,6 +42,11 @@ bool quant_impl::use_avx512() {
   return use;
 }
 
+bool quant_impl::use_avx512_vnni() {
+  static const bool use = use_avx512() && probe_cpu_feature(CpuFeature::kAvx512Vnni).usable();
+  return use;
+}
+
 const QuantTraits& quant_traits(QuantType type) {
   // Block sizes and byte counts are ggml's (ggml-common.h), which the files are written in.
   static const QuantTraits traits[] = {
@@ -102,6 +107,8 @@ DotKernel portable_dot_kernel(QuantType type) {
 DotKernel dot_kernel(QuantType type) {
   if (quant_impl::use_avx512())
     if (const DotKernel k = quant_impl::float_avx512_kernel(type)) return k;
+  if (quant_impl::use_avx512_vnni() && !is_k_type(type))
+    if (const DotKernel k = quant_impl::legacy_vnni_kernel(type)) return k;
   if (quant_impl::use_avx2()) {
     const DotKernel k = is_k_type(type) ? quant_impl::k_avx2_kernel(type) : quant_impl::legacy_avx2_kernel(type);
     if (k != nullptr) return k;
@@ -110,6 +117,10 @@ DotKernel dot_kernel(QuantType type) {
 }
 
 const char* dot_kernel_isa() { return quant_impl::use_avx2() ? "avx2" : "portable"; }
+
+const char* block_kernel_isa() {
+  return quant_impl::use_avx512_vnni() ? "avx512-vnni" : quant_impl::use_avx2() ? "avx2" : "portable";
+}
 
 const char* float_kernel_isa() {
   return quant_impl::use_avx512() ? "avx512" : quant_impl::use_avx2() ? "avx2" : "portable";
