@@ -344,8 +344,10 @@ void Search::final_comparison() {
   out_.gain_min = *std::min_element(gains.begin(), gains.end());
   out_.gain_max = *std::max_element(gains.begin(), gains.end());
   out_.gain_pairs = pairs;
-  if (out_.gain <= 0.0) {
-    // Screening ranked it first, the whole workload does not: keep the job as given.
+  if (out_.gain <= 0.0 && !same_size) {
+    // Screening ranked it first, the whole workload does not: keep the job as given. (When
+    // the screening runs are the whole workload, the search already compared these very
+    // runs, within the noise, and its verdict stands.)
     out_.rejected_winner = out_.winner;
     out_.winner = out_.baseline;
     out_.winner_is_job = true;

@@ -153,7 +153,8 @@ struct TuneOutcome {
   int gain_pairs = 0;
   bool winner_is_job = false;   // nothing beat the job as given
   // The screening winner that, on the whole workload, did no better than the job (gain <= 0
-  // over the full pairs): the job as given stands, and the gain says by how much it lost.
+  // over the full pairs; only where screening runs are shorter than the whole workload): the
+  // job as given stands, final_winner holds its full runs, and the gain says what it lost.
   int rejected_winner = -1;
 };
 

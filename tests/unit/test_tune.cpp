@@ -492,6 +492,8 @@ TEST(TuneSearch, AWinnerThatLosesOnTheWholeWorkloadLeavesTheJobAsGiven) {
                     "scheduler.max_batch=4, cache.block_size=32, gained -7.0%"),
             std::string::npos)
       << md;
+  // Its full runs are listed, not marked as the winner.
+  EXPECT_EQ(md.find("| **scheduler.max_batch=4, cache.block_size=32** |"), std::string::npos) << md;
 }
 
 std::vector<std::pair<int64_t, std::vector<ProbeToken>>> generation(std::vector<std::vector<double>> probs,
