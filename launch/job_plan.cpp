@@ -188,6 +188,12 @@ ModelConfig load_job_model_config(const JobConfig& job) {
   }
 }
 
+int64_t resolved_micro_batches(const JobConfig& job, const JobPlan& plan) {
+  const int64_t stages = plan.grid.stages();
+  if (stages == 1) return 1;
+  return job.parallel.micro_batches > 0 ? job.parallel.micro_batches : stages;
+}
+
 JobPlan plan_job(const JobConfig& job, int world_size) {
   JobPlan plan;
   auto where = [&](const std::string& key) { return where_of(job, key); };

@@ -57,6 +57,10 @@ struct JobPlan {
 
 JobPlan plan_job(const JobConfig& job, int world_size);
 
+// The micro-batches the pipeline runs: parallel.micro_batches, auto (0) being one per stage;
+// always 1 with a single stage.
+int64_t resolved_micro_batches(const JobConfig& job, const JobPlan& plan);
+
 // The shape of the job's model.path (its config only); errors name the key that pointed there.
 ModelConfig load_job_model_config(const JobConfig& job);
 

@@ -225,8 +225,7 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
   outcome.backend = comm->name();
   PipelineChannel channel(world, *comm);
   channel.set_trace(trace);
-  const size_t micro_batches = job.parallel.micro_batches > 0 ? static_cast<size_t>(job.parallel.micro_batches)
-                                                              : static_cast<size_t>(grid.stages());
+  const size_t micro_batches = static_cast<size_t>(resolved_micro_batches(job, plan));
   if (trace) trace->start(world);
   // A later stage's leader starts its clock with its first message; a tensor rank with its
   // leader's, whose broadcasts it waits in.

@@ -384,8 +384,7 @@ ordered_json make_report(const ReportInputs& in) {
   report["oversubscribed"] = in.oversubscribed;
   ordered_json layers = ordered_json::array();
   for (const StagePlan& s : plan.partition.stages) layers.push_back(s.num_layers);
-  const int64_t micro_batches =
-      plan.grid.stages() == 1 ? 1 : (job.parallel.micro_batches > 0 ? job.parallel.micro_batches : plan.grid.stages());
+  const int64_t micro_batches = resolved_micro_batches(job, plan);
   report["tensor_parallel"] = plan.grid.tensor;
   report["pipeline_stages"] = plan.grid.stages();
   report["config"] = {

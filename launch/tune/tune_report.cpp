@@ -97,7 +97,7 @@ std::string tune_candidates_csv(const TuneOutcome& outcome, TuneObjective object
     std::string dirs;
     for (const std::string& d : c.run_dirs) dirs += (dirs.empty() ? "" : " ") + d;
     const bool cost = c.cost && c.cost->error.empty();
-    const bool winner = c.id == outcome.winner || (c.id == outcome.final_winner && outcome.rejected_winner < 0);
+    const bool winner = outcome.is_winner(c.id);
     out << c.id << "," << c.phase << "," << csv_field(c.label()) << "," << c.runs.size() << ","
         << (measured ? num(m.ttft_p99_ms, 3) : "") << "," << (measured ? num(m.tpot_p99_ms, 3) : "") << ","
         << (measured ? num(m.e2e_mean_ms, 3) : "") << "," << (measured ? num(m.e2e_p99_ms, 3) : "") << ","
@@ -254,7 +254,7 @@ std::string tune_report_markdown(const TuneOutcome& o, const TuneReportInputs& i
     const TuneFigures m = c.median();
     const auto [lo, hi] = objective_range(c, objective);
     std::string name = md_cell(c.label());
-    if (c.id == o.winner || (c.id == o.final_winner && o.rejected_winner < 0)) name = "**" + name + "**";
+    if (o.is_winner(c.id)) name = "**" + name + "**";
     md << "| " << c.id << " | " << c.phase << " | " << name << " | " << c.runs.size() << " | "
        << (c.measured() ? num(m.ttft_p99_ms) : "") << " | " << (c.measured() ? num(m.tpot_p99_ms, 2) : "") << " | "
        << (c.measured() ? num(m.e2e_mean_ms) : "") << " | " << (c.measured() ? num(m.output_tokens_per_s) : "") << " | "

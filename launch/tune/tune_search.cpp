@@ -250,12 +250,13 @@ Search::Step Search::try_value(const TuneKnob& knob, size_t index) {
   if (!at(c).measured()) {
     if (!checked(c)) return Step::kWorse;
     // Measuring it again would only measure the other one's noise.
-    const int twin = runs_alike(c);
-    if (twin >= 0 && at(c).status.empty()) {
-      at(c).status = "same as #" + std::to_string(twin) + ": runs alike (" + at(twin).label() + ")";
-      say(at(c).label() + ": " + at(c).status + ", not run");
+    if (const int twin = runs_alike(c); twin >= 0) {
+      if (at(c).status.empty()) {
+        at(c).status = "same as #" + std::to_string(twin) + ": runs alike (" + at(twin).label() + ")";
+        say(at(c).label() + ": " + at(c).status + ", not run");
+      }
+      return twin == incumbent_ ? Step::kAlike : Step::kWorse;
     }
-    if (twin >= 0) return twin == incumbent_ ? Step::kAlike : Step::kWorse;
     if (!measure_once(c)) return Step::kWorse;
   }
   if (!wins(c, incumbent_)) return Step::kWorse;

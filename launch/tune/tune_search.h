@@ -156,6 +156,10 @@ struct TuneOutcome {
   // over the full pairs; only where screening runs are shorter than the whole workload): the
   // job as given stands, final_winner holds its full runs, and the gain says what it lost.
   int rejected_winner = -1;
+
+  // Whether candidate `id` is what the tune reports as best: the winner's screening runs or
+  // its full runs (not those of a set-aside screening winner).
+  bool is_winner(int id) const { return id == winner || (id == final_winner && rejected_winner < 0); }
 };
 
 TuneOutcome tune_search(const std::vector<TuneKnob>& knobs, const TuneSearchOptions& options,

@@ -115,11 +115,9 @@ std::string job_value_yaml(const JobConfig& job, const std::string& key) {
 
 std::string run_fingerprint(const JobConfig& job, const JobPlan& plan) {
   std::ostringstream out;
-  const int64_t stages = plan.grid.stages();
   std::vector<int> layers;
   for (const StagePlan& s : plan.partition.stages) layers.push_back(static_cast<int>(s.num_layers));
-  const int64_t micro_batches =
-      stages == 1 ? 1 : (job.parallel.micro_batches > 0 ? job.parallel.micro_batches : stages);
+  const int64_t micro_batches = resolved_micro_batches(job, plan);
   // The scheduler seats at most ceil(in flight / micro-batches) sequences per micro-batch.
   const int64_t in_flight = std::max(1, job.workload.concurrency);
   const int64_t seats = std::min<int64_t>(job.scheduler.max_batch, (in_flight + micro_batches - 1) / micro_batches);

@@ -613,6 +613,28 @@ KVPIPE_LEGACY_AVX2 bool legacy_dequantize_row_avx2(QuantType type, const void* s
   }
 }
 
+// The 32-value block types' kernels of one family (BlockKernels or VnniBlockKernels); nullptr
+// for other types.
+template <template <BlockKind> class Family>
+DotKernel block_kernel(QuantType type) {
+  switch (type) {
+    case QuantType::Q8_0:
+      return dispatch_inputs<Family<BlockKind::kQ8_0>::template K>;
+    case QuantType::Q4_0:
+      return dispatch_inputs<Family<BlockKind::kQ4_0>::template K>;
+    case QuantType::Q4_1:
+      return dispatch_inputs<Family<BlockKind::kQ4_1>::template K>;
+    case QuantType::Q5_0:
+      return dispatch_inputs<Family<BlockKind::kQ5_0>::template K>;
+    case QuantType::Q5_1:
+      return dispatch_inputs<Family<BlockKind::kQ5_1>::template K>;
+    case QuantType::IQ4_NL:
+      return dispatch_inputs<Family<BlockKind::kIQ4_NL>::template K>;
+    default:
+      return nullptr;
+  }
+}
+
 DotKernel legacy_avx2_kernel(QuantType type) {
   switch (type) {
     case QuantType::F32:
@@ -621,43 +643,15 @@ DotKernel legacy_avx2_kernel(QuantType type) {
       return dispatch_inputs<FloatKernels<LoadF16>::K>;
     case QuantType::BF16:
       return dispatch_inputs<FloatKernels<LoadBF16>::K>;
-    case QuantType::Q8_0:
-      return dispatch_inputs<BlockKernels<BlockKind::kQ8_0>::K>;
-    case QuantType::Q4_0:
-      return dispatch_inputs<BlockKernels<BlockKind::kQ4_0>::K>;
-    case QuantType::Q4_1:
-      return dispatch_inputs<BlockKernels<BlockKind::kQ4_1>::K>;
-    case QuantType::Q5_0:
-      return dispatch_inputs<BlockKernels<BlockKind::kQ5_0>::K>;
-    case QuantType::Q5_1:
-      return dispatch_inputs<BlockKernels<BlockKind::kQ5_1>::K>;
-    case QuantType::IQ4_NL:
-      return dispatch_inputs<BlockKernels<BlockKind::kIQ4_NL>::K>;
     default:
       break;
   }
+  if (const DotKernel k = block_kernel<BlockKernels>(type)) return k;
   throw std::invalid_argument(std::string("legacy_avx2_kernel: ") + quant_name(type) +
                               " is not a float or 32-value block type");
 }
 
-DotKernel legacy_vnni_kernel(QuantType type) {
-  switch (type) {
-    case QuantType::Q8_0:
-      return dispatch_inputs<VnniBlockKernels<BlockKind::kQ8_0>::K>;
-    case QuantType::Q4_0:
-      return dispatch_inputs<VnniBlockKernels<BlockKind::kQ4_0>::K>;
-    case QuantType::Q4_1:
-      return dispatch_inputs<VnniBlockKernels<BlockKind::kQ4_1>::K>;
-    case QuantType::Q5_0:
-      return dispatch_inputs<VnniBlockKernels<BlockKind::kQ5_0>::K>;
-    case QuantType::Q5_1:
-      return dispatch_inputs<VnniBlockKernels<BlockKind::kQ5_1>::K>;
-    case QuantType::IQ4_NL:
-      return dispatch_inputs<VnniBlockKernels<BlockKind::kIQ4_NL>::K>;
-    default:
-      return nullptr;
-  }
-}
+DotKernel legacy_vnni_kernel(QuantType type) { return block_kernel<VnniBlockKernels>(type); }
 
 }  // namespace kvpipe::quant_impl
 
