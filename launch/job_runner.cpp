@@ -4,6 +4,7 @@
 #include "engine/decode_graphs.h"
 #include "engine/model_shard.h"
 #include "engine/kernels/cpu/blas_gemm.h"
+#include "engine/kernels/cpu/interleaved_blocks.h"
 #include "engine/kernels/cpu/quant_types.h"
 #include "engine/kernels/cpu/thread_pool.h"
 #include "engine/model/model_weights.h"
@@ -55,6 +56,21 @@ EngineCounters engine_counters(const ModelShard& shard, const DecodeGraphs* grap
 }
 
 namespace {
+
+// A stage's (or the draft model's) weights as the job runs them: on the CPU, with model.repack,
+// the types that have interleaved kernels repacked once here.
+ModelWeights loaded_weights(const JobConfig& job, const std::string& path, const ModelConfig& cfg,
+                            const WeightSelection& sel, at::ScalarType dtype, at::Device device, const char* what) {
+  ModelWeights w = load_weights(path, cfg, sel, dtype, device);
+  if (!job.model.repack || !device.is_cpu()) return w;
+  const int64_t bytes = interleave_weights(w);
+  if (bytes > 0)
+    log_printf(LogLevel::kInfo,
+               "model.repack: %.1f MiB of the %s's weights in groups of 8 rows (%s kernels), held in process memory "
+               "instead of the file's shared pages",
+               double(bytes) / double(1 << 20), what, interleave_isa_name(interleave_choice()));
+  return w;
+}
 
 void log_engine_counters(const ModelShard& shard, const DecodeGraphs* graphs) {
   const EngineCounters c = engine_counters(shard, graphs);
@@ -160,8 +176,8 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
   sel.embedding = stage_index == 0;
   sel.head = stage_index == grid.stages() - 1;
   sel.split = plan.tensor_splits.at(grid.tensor_rank_of(world.rank()));
-  const ModelShard shard(load_weights(job.model.path, plan.model, sel, plan.dtype, device), plan.first_cached_layer,
-                         group.get());
+  const ModelShard shard(loaded_weights(job, job.model.path, plan.model, sel, plan.dtype, device, "model"),
+                         plan.first_cached_layer, group.get());
   // CUDA graphs pad decode batches with rows that write into one scratch block past the
   // scheduler's blocks. A tensor rank's steps reduce over MPI, which a graph cannot hold.
   const bool graphs_wanted = job.runtime.cuda_graphs && device.is_cuda() && grid.tensor == 1;
@@ -204,7 +220,8 @@ JobOutcome run_job(const JobConfig& job, const JobPlan& plan, World& world, Trac
     every_layer.layers = {0, plan.draft_model.num_layers};
     every_layer.embedding = every_layer.head = true;
     draft_model = std::make_unique<DraftModel>(
-        load_weights(job.speculative.model, plan.draft_model, every_layer, plan.dtype, device), plan.draft_blocks,
+        loaded_weights(job, job.speculative.model, plan.draft_model, every_layer, plan.dtype, device, "draft model"),
+        plan.draft_blocks,
         plan.block_size);
     log_printf(LogLevel::kInfo, "draft model %s on rank 0: %.1f MiB of weights, %lld KV blocks (%.1f MiB)",
                job.speculative.model.c_str(), double(draft_model->shard().weights().bytes()) / double(1 << 20),

@@ -364,6 +364,25 @@ void check_safetensors_shape(const SafetensorsModel& files, const std::string& p
 
 }  // namespace
 
+int64_t interleave_weights(ModelWeights& w) {
+  if (!w.device.is_cpu()) return 0;
+  int64_t bytes = 0;
+  auto repack = [&](WeightMatrix& m) {
+    if (!m.defined()) return;
+    m = m.interleaved();
+    bytes += m.interleaved_bytes();
+  };
+  for (LayerWeights& l : w.layer) {
+    repack(l.qkv);
+    repack(l.o);
+    repack(l.gate_up);
+    repack(l.down);
+  }
+  // A tied head is the embedding's table, which the lookup reads a row at a time: one copy.
+  if (w.lm_head.defined() && w.lm_head.storage_id() != w.embedding.storage_id()) repack(w.lm_head);
+  return bytes;
+}
+
 void check_model_tensors(const std::string& path, const ModelConfig& cfg) {
   if (path.rfind(kDummyPrefix, 0) == 0) return;
   if (is_gguf_path(path)) {

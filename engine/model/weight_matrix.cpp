@@ -1,11 +1,13 @@
 #include "engine/model/weight_matrix.h"
 
+#include "engine/kernels/cpu/interleaved_blocks.h"
 #include "engine/kernels/cpu/quant_matmul.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <stdexcept>
+#include <vector>
 
 namespace kvpipe {
 namespace {
@@ -13,6 +15,22 @@ namespace {
 bool is_float_type(QuantType t) { return t == QuantType::F32 || t == QuantType::F16 || t == QuantType::BF16; }
 
 const uint8_t* bytes_of(const WeightMatrix::Part& p) { return static_cast<const uint8_t*>(p.data.data_ptr()); }
+
+// Row r of a block part in its stored layout: in place, or rebuilt into `scratch` from its group.
+const uint8_t* stored_row(const WeightMatrix::Part& p, int64_t r, int64_t cols, std::vector<uint8_t>& scratch) {
+  const int64_t row_bytes = quant_row_bytes(p.type, cols);
+  if (!p.interleaved) return bytes_of(p) + r * row_bytes;
+  scratch.resize(static_cast<size_t>(row_bytes));
+  deinterleave_row(p.type, bytes_of(p), r, cols, scratch.data());
+  return scratch.data();
+}
+
+void refuse_interleaved(const std::vector<WeightMatrix::Part>& parts, const char* what) {
+  for (const WeightMatrix::Part& p : parts)
+    if (p.interleaved)
+      throw std::invalid_argument(std::string("WeightMatrix::") + what +
+                                  ": the matrix is interleaved; select or slice rows before repacking");
+}
 
 }  // namespace
 
@@ -52,10 +70,11 @@ WeightMatrix WeightMatrix::concat(const std::vector<WeightMatrix>& pieces) {
   WeightMatrix m;
   std::vector<at::Tensor> run;
   QuantType run_type = QuantType::F32;
+  bool run_interleaved = false;
   auto flush = [&] {
     if (run.empty()) return;
     at::Tensor data = run.size() == 1 ? run[0] : at::cat(run);
-    m.parts_.push_back({run_type, data, data.size(0)});
+    m.parts_.push_back({run_type, data, data.size(0), run_interleaved});
     run.clear();
   };
   for (const WeightMatrix& p : pieces) {
@@ -63,9 +82,12 @@ WeightMatrix WeightMatrix::concat(const std::vector<WeightMatrix>& pieces) {
     if (m.cols_ == 0) m.cols_ = p.cols_;
     if (p.cols_ != m.cols_) throw std::invalid_argument("WeightMatrix::concat: pieces differ in columns");
     for (const Part& part : p.parts_) {
-      const bool same = !run.empty() && part.type == run_type && part.data.scalar_type() == run[0].scalar_type();
+      // Interleaved parts are whole groups of 8 rows, so two of them follow each other as one.
+      const bool same = !run.empty() && part.type == run_type && part.data.scalar_type() == run[0].scalar_type() &&
+                        part.interleaved == run_interleaved;
       if (!same) flush();
       run_type = part.type;
+      run_interleaved = part.interleaved;
       run.push_back(part.data);
     }
     m.rows_ += p.rows_;
@@ -115,8 +137,12 @@ at::Tensor WeightMatrix::matmul(const at::Tensor& x, const at::Tensor& bias) con
   at::Tensor y = at::empty({n, rows_}, xf.options());
   int64_t row0 = 0;
   for (const Part& p : parts_) {
-    quant_matmul(xf.data_ptr<float>(), n, cols_, p.type, bytes_of(p), p.rows, cols_, y.data_ptr<float>() + row0,
-                 rows_);
+    if (p.interleaved)
+      quant_matmul_interleaved(xf.data_ptr<float>(), n, cols_, p.type, bytes_of(p), p.rows, cols_,
+                               y.data_ptr<float>() + row0, rows_);
+    else
+      quant_matmul(xf.data_ptr<float>(), n, cols_, p.type, bytes_of(p), p.rows, cols_, y.data_ptr<float>() + row0,
+                   rows_);
     row0 += p.rows;
   }
   if (bias.defined()) y.add_(bias);
@@ -136,13 +162,14 @@ at::Tensor WeightMatrix::gather_rows(const at::Tensor& ids, at::ScalarType dtype
   if (parts_.size() == 1 && is_float_type(parts_[0].type)) return parts_[0].data.index_select(0, idx).to(dtype);
   at::Tensor out = at::empty({k, cols_}, at::TensorOptions().dtype(at::kFloat));
   float* dst = out.data_ptr<float>();
+  std::vector<uint8_t> scratch;
   for (int64_t i = 0; i < k; ++i) {
     int64_t r = id[i];
     if (r < 0 || r >= rows_) throw std::out_of_range("WeightMatrix::gather_rows: row " + std::to_string(r) + " of " +
                                                      std::to_string(rows_));
     for (const Part& p : parts_) {
       if (r < p.rows) {
-        dequantize_row(p.type, bytes_of(p) + r * quant_row_bytes(p.type, cols_), dst + i * cols_, cols_);
+        dequantize_row(p.type, stored_row(p, r, cols_, scratch), dst + i * cols_, cols_);
         break;
       }
       r -= p.rows;
@@ -159,9 +186,9 @@ at::Tensor WeightMatrix::dequantize(at::ScalarType dtype) const {
       continue;
     }
     at::Tensor f = at::empty({p.rows, cols_}, at::TensorOptions().dtype(at::kFloat));
-    const int64_t row_bytes = quant_row_bytes(p.type, cols_);
+    std::vector<uint8_t> scratch;
     for (int64_t r = 0; r < p.rows; ++r)
-      dequantize_row(p.type, bytes_of(p) + r * row_bytes, f.data_ptr<float>() + r * cols_, cols_);
+      dequantize_row(p.type, stored_row(p, r, cols_, scratch), f.data_ptr<float>() + r * cols_, cols_);
     pieces.push_back(f.to(dtype));
   }
   return pieces.size() == 1 ? pieces[0] : at::cat(pieces);
@@ -169,6 +196,7 @@ at::Tensor WeightMatrix::dequantize(at::ScalarType dtype) const {
 
 WeightMatrix WeightMatrix::select_rows(const at::Tensor& perm) const {
   if (parts_.size() != 1) throw std::invalid_argument("WeightMatrix::select_rows: only for single-part matrices");
+  refuse_interleaved(parts_, "select_rows");
   WeightMatrix m = *this;
   m.parts_[0].data = parts_[0].data.index_select(0, perm.to(at::kLong)).contiguous();
   m.parts_[0].rows = perm.numel();
@@ -199,6 +227,7 @@ at::Tensor slice_stored(const at::Tensor& stored, QuantType type, int64_t cols, 
 
 WeightMatrix WeightMatrix::slice(const MatrixSlice& s) const {
   if (s.whole()) return *this;
+  refuse_interleaved(parts_, "slice");
   const int64_t nrows = s.rows < 0 ? rows_ - s.row_begin : s.rows;
   const int64_t ncols = s.cols < 0 ? cols_ - s.col_begin : s.cols;
   if (s.row_begin < 0 || nrows < 0 || s.row_begin + nrows > rows_)
@@ -218,6 +247,32 @@ WeightMatrix WeightMatrix::slice(const MatrixSlice& s) const {
     part_begin += p.rows;
   }
   return m;
+}
+
+WeightMatrix WeightMatrix::interleaved() const {
+  WeightMatrix m;
+  m.rows_ = rows_;
+  m.cols_ = cols_;
+  for (const Part& p : parts_) {
+    const int64_t grouped = p.rows / kInterleavedRows * kInterleavedRows;
+    if (p.interleaved || !interleave_supports(p.type) || !p.data.is_cpu() || grouped == 0) {
+      m.parts_.push_back(p);
+      continue;
+    }
+    const at::Tensor src = p.data.contiguous();
+    at::Tensor dst = at::empty({grouped, interleaved_row_bytes(p.type, cols_)}, src.options());
+    interleave_rows(p.type, src.data_ptr<uint8_t>(), grouped, cols_, dst.data_ptr<uint8_t>());
+    m.parts_.push_back({p.type, dst, grouped, true});
+    if (grouped < p.rows) m.parts_.push_back({p.type, src.narrow(0, grouped, p.rows - grouped), p.rows - grouped});
+  }
+  return m;
+}
+
+int64_t WeightMatrix::interleaved_bytes() const {
+  int64_t total = 0;
+  for (const Part& p : parts_)
+    if (p.interleaved) total += p.data.numel() * static_cast<int64_t>(p.data.element_size());
+  return total;
 }
 
 WeightMatrix WeightMatrix::with_float_dtype(at::ScalarType dtype) const {

@@ -6,7 +6,10 @@
 // [rows, cols] or ggml blocks, a uint8 tensor [rows, quant_row_bytes(type, cols)], and is
 // never expanded to float32 for the whole run: `matmul` computes with the stored bytes
 // (engine/kernels/cpu/quant_matmul.h) and `gather_rows` dequantises just the rows it is given
-// (the embedding lookup).
+// (the embedding lookup). `interleaved` repacks the parts whose type has an interleaved layout
+// (engine/kernels/cpu/interleaved_blocks.h) in groups of 8 rows, once, for the CPU kernels
+// that read 8 rows at a time: the same values in another order (Q4_K's scales a byte each),
+// which every reader here (products, row lookups, dequantisation) understands.
 #pragma once
 
 #include "engine/kernels/cpu/quant_types.h"
@@ -38,6 +41,9 @@ class WeightMatrix {
     QuantType type = QuantType::F32;
     at::Tensor data;   // float [rows, cols], or uint8 [rows, row bytes] for the block types
     int64_t rows = 0;
+    // Rows in groups of 8 (interleaved_blocks.h): data uint8 [rows, interleaved_row_bytes], rows
+    // a multiple of 8.
+    bool interleaved = false;
   };
 
   WeightMatrix() = default;
@@ -70,10 +76,16 @@ class WeightMatrix {
   // The whole matrix as `dtype` [rows, cols] (references and tests).
   at::Tensor dequantize(at::ScalarType dtype = c10::ScalarType::Float) const;
   // Rows `perm` of this matrix, in that order (GGUF's per-head q/k row permutation); only
-  // for single-part matrices.
+  // for single-part matrices, not interleaved (as `slice`).
   WeightMatrix select_rows(const at::Tensor& perm) const;
   // A copy of `slice` of this matrix (columns on block boundaries).
   WeightMatrix slice(const MatrixSlice& slice) const;
+  // A copy with every part of a type that has an interleaved layout repacked: its rows up to
+  // the last whole group of 8 become an interleaved part, the rest (fewer than 8) stay as
+  // stored. Parts already interleaved, and other types, are shared as they are.
+  WeightMatrix interleaved() const;
+  // Bytes held in interleaved parts.
+  int64_t interleaved_bytes() const;
   // Float parts converted to `dtype` (block parts stay as they are).
   WeightMatrix with_float_dtype(at::ScalarType dtype) const;
 

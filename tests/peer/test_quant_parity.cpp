@@ -221,6 +221,59 @@ INSTANTIATE_TEST_SUITE_P(LlamaQuantize, QuantParity, ::testing::ValuesIn(cases()
                            return p.param.mix + "_" + p.param.shape.name;
                          });
 
+// model.repack (on by default) multiplies Q4_0 and Q4_K projections in groups of 8 rows
+// (engine/kernels/cpu/interleaved_blocks.h). Over a whole greedy generation on llama.cpp's
+// files its log-probabilities stay within the reach of float32 rounding (carried through the
+// next layer's 8-bit activations) of the same job with the stored layout: a wrong nibble, scale
+// or row order moves them by whole units. Q4_K_M at hidden 256 mixes Q4_K with Q6_K matrices.
+class RepackedFiles : public QuantFiles, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(RepackedFiles, MatchTheStoredLayoutOverAGeneration) {
+  const std::string type = GetParam().mix;
+  const std::string f16 = (dir_ / "f16.gguf").string(), model = (dir_ / (type + ".gguf")).string();
+  CommandResult r = run_command(std::string(KVPIPE_BINARY) + " init-model --format gguf --preset tiny " +
+                                    GetParam().shape.init_args + " --layers 2 --dtype float16 --seed 5 --out " + f16,
+                                dir_);
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run_command(python("llama_quantize.py") + " " + f16 + " " + model + " " + type, dir_);
+  ASSERT_TRUE(reference_ran(r, "llama.cpp quantizer"));
+  kvpipe::testing::write_greedy_job(dir_, model, kPrompt, kSteps);
+  auto run = [&](const std::string& repack) {
+    const fs::path lp = dir_ / ("repack_" + repack + ".jsonl");
+    const CommandResult c = run_command(std::string(KVPIPE_BINARY) + " generate --config " +
+                                            (dir_ / "job.yaml").string() + " --set model.repack=" + repack +
+                                            " --logprobs-out " + lp.string(),
+                                        dir_);
+    EXPECT_EQ(c.code, 0) << repack << ": " << c.err;
+    EXPECT_EQ(c.err.find("model.repack: ") != std::string::npos, repack == "true") << c.err;
+    return kvpipe::testing::parse_logprob_steps(kvpipe::testing::slurp(lp));
+  };
+  const auto packed = run("true"), stored = run("false");
+  // Each path's products are exact to 1e-6, but a rounding difference flips some activation's
+  // 8-bit value downstream: on these files a run is 0.01-0.03 from float64 on average and up
+  // to 0.2 (QuantParity), so single log-probabilities may part by a few hundredths while the
+  // mean difference stays an order below that.
+  const kvpipe::testing::LogprobComparison c =
+      kvpipe::testing::compare_logprob_steps(packed, stored, kSteps, 0.15, 0.15);
+  EXPECT_TRUE(c.failure.empty()) << c.failure;
+  EXPECT_GT(c.max_delta, 0.0) << "the two runs took the same path";
+  double sum = 0;
+  int64_t count = 0;
+  for (int s = 0; s < c.compared; ++s)
+    for (size_t v = 0; v < packed[s].logprobs.size(); ++v, ++count)
+      sum += std::abs(packed[s].logprobs[v] - stored[s].logprobs[v]);
+  const double mean = sum / std::max<int64_t>(count, 1);
+  EXPECT_LT(mean, 1e-2);
+  std::printf("[ quant ] %s repacked against stored: %s, mean |dlogprob| %.5f\n", type.c_str(),
+              kvpipe::testing::summary(c).c_str(), mean);
+}
+
+INSTANTIATE_TEST_SUITE_P(LlamaQuantize, RepackedFiles,
+                         ::testing::Values(Case{"Q4_0", kH576, false}, Case{"Q4_K_M", kH256, false}),
+                         [](const ::testing::TestParamInfo<Case>& p) {
+                           return p.param.mix + "_" + p.param.shape.name;
+                         });
+
 // A file of a type kvpipe has no kernels for (llama.cpp's ternary TQ1_0) is refused by name:
 // one line naming the file, the tensor and the type, exit code 2.
 TEST_F(QuantFiles, UnsupportedTypeIsRefusedByName) {

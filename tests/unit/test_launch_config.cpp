@@ -255,6 +255,12 @@ TEST(LaunchConfigRuntime, MemoryShareAndFlags) {
   EXPECT_TRUE(mentions(problems_of(kModel + "runtime: {pin_threads: 2}\n"), "runtime.pin_threads"));
 }
 
+TEST(LaunchConfigModel, RepackIsOnByDefaultAndABoolean) {
+  EXPECT_TRUE(parse_job_config(kModel, "job.yaml").model.repack);
+  EXPECT_FALSE(parse_job_config("model: {path: dummy:tiny, repack: false}\n", "job.yaml").model.repack);
+  EXPECT_TRUE(mentions(problems_of("model: {path: dummy:tiny, repack: sometimes}\n"), "model.repack"));
+}
+
 TEST(LaunchConfigWhere, KeysRememberTheirPosition) {
   const JobConfig job = parse_job_config(kModel + "cache:\n  block_size: 8\n", "job.yaml", {"sampling.seed=3"});
   EXPECT_EQ(job.where.at("cache.block_size"), "job.yaml:3:3");

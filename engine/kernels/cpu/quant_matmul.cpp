@@ -3,6 +3,7 @@
 #include "engine/kernels/cpu/bf16_gemm.h"
 #include "engine/kernels/cpu/blas_gemm.h"
 #include "engine/kernels/cpu/int8_gemm.h"
+#include "engine/kernels/cpu/interleaved_blocks.h"
 #include "engine/kernels/cpu/thread_pool.h"
 
 #include <algorithm>
@@ -203,6 +204,14 @@ void quant_matmul(const float* x, int64_t n, int64_t ldx, QuantType type, const 
   const MatmulPath path =
       forced == Forced::kAuto && n <= kMaxKernelBatch ? MatmulPath::kKernel : prompt_matmul_path(type);
   run_path(path, x, n, ldx, a, type, w, rows, cols, y, ldy);
+}
+
+void quant_matmul_interleaved(const float* x, int64_t n, int64_t ldx, QuantType type, const uint8_t* w, int64_t rows,
+                              int64_t cols, float* y, int64_t ldy) {
+  if (n <= 0 || rows <= 0) return;
+  Activations a;
+  prepare_activations(x, n, ldx, type, cols, a);
+  interleaved_matmul(interleave_choice(), a.data, a.stride, n, type, w, rows, cols, y, ldy);
 }
 
 void quant_matmul_on(MatmulPath path, const float* x, int64_t n, int64_t ldx, QuantType type, const uint8_t* w,

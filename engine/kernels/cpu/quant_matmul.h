@@ -12,6 +12,8 @@
 //     on this processor: what prefill's long inputs want;
 //   - the bfloat16 products (bf16_gemm.h: activations rounded to bfloat16, multiplied by BF16
 //     rows with AVX512-BF16) for BF16 weights where the processor has them;
+//   - the interleaved kernels (interleaved_blocks.h) for matrices repacked at load, at every
+//     input count;
 //   - BLAS (single-threaded sgemm on each thread's slice of rows, after dequantising a tile of
 //     rows into a scratch buffer): prefill for the other types.
 // Which one serves a product follows from its input count and the processor alone (the
@@ -36,6 +38,10 @@ enum class MatmulPath { kKernel, kBlas, kInt8, kBf16 };
 // quant_matmul on a given path (tests and benchmarks compare the two).
 void quant_matmul_on(MatmulPath path, const float* x, int64_t n, int64_t ldx, QuantType type, const uint8_t* w,
                      int64_t rows, int64_t cols, float* y, int64_t ldy);
+// quant_matmul for W interleaved at load (interleaved_blocks.h): every input count runs the
+// interleaved kernels (KVPIPE_CPU_MATMUL does not apply), rows a multiple of 8.
+void quant_matmul_interleaved(const float* x, int64_t n, int64_t ldx, QuantType type, const uint8_t* w, int64_t rows,
+                              int64_t cols, float* y, int64_t ldy);
 // "kernel" | "blas" | "int8" | "bf16".
 std::string matmul_path_name(MatmulPath path);
 // The path of a product past the kernels' input count for `type` on this processor.

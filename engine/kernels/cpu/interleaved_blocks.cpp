@@ -1,0 +1,361 @@
+#include "engine/kernels/cpu/interleaved_blocks.h"
+
+#include "engine/kernels/cpu/half_convert.h"
+#include "engine/kernels/cpu/interleaved_blocks_impl.h"
+#include "engine/kernels/cpu/quant_impl.h"
+#include "engine/kernels/cpu/thread_pool.h"
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace kvpipe {
+
+using interleaved_impl::Activations;
+using interleaved_impl::kGroupRows;
+using interleaved_impl::kQ4_0GroupBlockBytes;
+using interleaved_impl::kQ4KGroupBlockBytes;
+using interleaved_impl::kQ4KMins;
+using interleaved_impl::kQ4KQs;
+using interleaved_impl::kQ4KScales;
+using interleaved_impl::kQ8_0ActivationBytes;
+using interleaved_impl::kQ8KActivationBytes;
+using interleaved_impl::SuperActivations;
+
+namespace {
+
+constexpr int64_t kQ4_0Bytes = 18;  // fp16 d, then 16 bytes of nibbles
+constexpr int64_t kQ4KBytes = 144;  // fp16 d and dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
+
+int64_t block_values(QuantType type) { return type == QuantType::Q4_K ? 256 : 32; }
+
+// A Q4_K block's eight 6-bit scales and mins (ggml's get_scale_min_k4), and back: the 12 bytes
+// hold exactly these 96 bits, so the round trip gives the stored bytes.
+void unpack_q4k_scales(const uint8_t* q, uint8_t* sc, uint8_t* mn) {
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = q[j] & 63;
+    mn[j] = q[j + 4] & 63;
+    sc[j + 4] = static_cast<uint8_t>((q[j + 8] & 0xf) | ((q[j] >> 6) << 4));
+    mn[j + 4] = static_cast<uint8_t>((q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4));
+  }
+}
+
+void pack_q4k_scales(const uint8_t* sc, const uint8_t* mn, uint8_t* q) {
+  for (int j = 0; j < 4; ++j) {
+    q[j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+    q[j + 4] = static_cast<uint8_t>((mn[j] & 63) | ((mn[j + 4] >> 4) << 6));
+    q[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0xf) | ((mn[j + 4] & 0xf) << 4));
+  }
+}
+
+uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+void require_supported(QuantType type, const char* what) {
+  if (!interleave_supports(type))
+    throw std::invalid_argument(std::string(what) + ": no interleaved layout for " + quant_name(type));
+}
+
+void require_groups(QuantType type, int64_t rows, int64_t cols, const char* what) {
+  if (rows % kGroupRows != 0 || cols % block_values(type) != 0)
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(rows) + " rows of " + std::to_string(cols) +
+                                " values are not whole groups of 8 rows and " + std::to_string(block_values(type)) +
+                                " values");
+}
+
+}  // namespace
+
+namespace interleaved_impl {
+
+// The reference order of operations every vector kernel reproduces (interleaved_blocks.h).
+void q4_0_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
+                   int64_t ldy) {
+  const int64_t group_bytes = a.blocks * kQ4_0GroupBlockBytes;
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    const uint8_t* wg = w + g * group_bytes;
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t* xr = a.x + j * a.x_stride;
+      float acc[kGroupRows] = {};
+      for (int64_t b = 0; b < a.blocks; ++b) {
+        const uint8_t* wb = wg + b * kQ4_0GroupBlockBytes;
+        const uint8_t* q = wb + 2 * kGroupRows;
+        const auto* xq = reinterpret_cast<const int8_t*>(xr + b * kQ8_0ActivationBytes + 2);
+        const float da = a.da[j * a.blocks + b];
+        for (int64_t i = 0; i < kGroupRows; ++i) {
+          int32_t sum = 0;
+          for (int k = 0; k < 4; ++k)
+            for (int t = 0; t < 4; ++t) {
+              const uint8_t byte = q[32 * k + 4 * i + t];
+              sum += static_cast<int32_t>(byte & 0x0f) * xq[4 * k + t] + static_cast<int32_t>(byte >> 4) * xq[16 + 4 * k + t];
+            }
+          sum -= a.offset8[j * a.blocks + b];
+          const float scale = quant_impl::fp16_to_fp32(load_u16(wb + 2 * i)) * da;
+          acc[i] = std::fma(static_cast<float>(sum), scale, acc[i]);
+        }
+      }
+      std::memcpy(y + j * ldy + g * kGroupRows, acc, sizeof acc);
+    }
+  }
+}
+
+void q4_k_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
+                   int64_t ldy) {
+  const int64_t group_bytes = a.blocks * kQ4KGroupBlockBytes;
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    const uint8_t* wg = w + g * group_bytes;
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t* xr = a.x + j * a.x_stride;
+      float acc[kGroupRows] = {};
+      for (int64_t b = 0; b < a.blocks; ++b) {
+        const uint8_t* wb = wg + b * kQ4KGroupBlockBytes;
+        const auto* xq = reinterpret_cast<const int8_t*>(xr + b * kQ8KActivationBytes + 4);
+        const int32_t* pairs = a.sum_pairs + (j * a.blocks + b) * 4;
+        const float da = a.da[j * a.blocks + b];
+        for (int64_t i = 0; i < kGroupRows; ++i) {
+          int32_t sumi = 0, summ = 0;
+          for (int s = 0; s < 8; ++s) {
+            int32_t isum = 0;
+            const int jj = s / 2, shift = 4 * (s % 2);
+            for (int k = 0; k < 8; ++k)
+              for (int t = 0; t < 4; ++t)
+                isum += static_cast<int32_t>((wb[kQ4KQs + 256 * jj + 32 * k + 4 * i + t] >> shift) & 0x0f) *
+                        xq[32 * s + 4 * k + t];
+            sumi += static_cast<int32_t>(wb[kQ4KScales + 8 * s + i]) * isum;
+            const int32_t pair = pairs[s / 2];
+            const int32_t bsum = s % 2 == 0 ? static_cast<int16_t>(pair & 0xffff) : static_cast<int16_t>(pair >> 16);
+            summ += static_cast<int32_t>(wb[kQ4KMins + 16 * (s / 2) + 2 * i + s % 2]) * bsum;
+          }
+          const float scale_d = quant_impl::fp16_to_fp32(load_u16(wb + 2 * i)) * da;
+          const float scale_m = quant_impl::fp16_to_fp32(load_u16(wb + 16 + 2 * i)) * da;
+          acc[i] = std::fma(static_cast<float>(sumi), scale_d, acc[i]);
+          acc[i] = std::fma(-static_cast<float>(summ), scale_m, acc[i]);
+        }
+      }
+      std::memcpy(y + j * ldy + g * kGroupRows, acc, sizeof acc);
+    }
+  }
+}
+
+}  // namespace interleaved_impl
+
+const char* interleave_isa_name(InterleaveIsa isa) {
+  switch (isa) {
+    case InterleaveIsa::kPortable: return "portable";
+    case InterleaveIsa::kAvx2: return "avx2";
+    case InterleaveIsa::kAvx512Vnni: return "avx512-vnni";
+  }
+  return "?";
+}
+
+bool interleave_supports(QuantType type) { return type == QuantType::Q4_0 || type == QuantType::Q4_K; }
+
+int64_t interleaved_row_bytes(QuantType type, int64_t cols) {
+  // Q4_K's 12 bytes of packed 6-bit scales and mins become 16, one byte each.
+  return type == QuantType::Q4_K ? cols / 256 * (kQ4KBytes + 4) : quant_row_bytes(type, cols);
+}
+
+bool interleave_runs(InterleaveIsa isa) {
+  switch (isa) {
+    case InterleaveIsa::kPortable: return true;
+#if defined(__x86_64__)
+    case InterleaveIsa::kAvx2: return quant_impl::use_avx2();
+    case InterleaveIsa::kAvx512Vnni: return quant_impl::use_avx512_vnni();
+#else
+    default: return false;
+#endif
+  }
+  return false;
+}
+
+InterleaveIsa interleave_choice() {
+  static const InterleaveIsa isa = [] {
+    for (InterleaveIsa i : {InterleaveIsa::kAvx512Vnni, InterleaveIsa::kAvx2})
+      if (interleave_runs(i)) return i;
+    return InterleaveIsa::kPortable;
+  }();
+  return isa;
+}
+
+void interleave_rows(QuantType type, const uint8_t* src, int64_t rows, int64_t cols, uint8_t* dst) {
+  require_supported(type, "interleave_rows");
+  require_groups(type, rows, cols, "interleave_rows");
+  const int64_t row_bytes = quant_row_bytes(type, cols), blocks = cols / block_values(type);
+  const int64_t group_bytes = kGroupRows * interleaved_row_bytes(type, cols);
+  for (int64_t g = 0; g < rows / kGroupRows; ++g) {
+    uint8_t* group = dst + g * group_bytes;
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int64_t i = 0; i < kGroupRows; ++i) {
+        const uint8_t* row = src + (g * kGroupRows + i) * row_bytes;
+        if (type == QuantType::Q4_0) {
+          const uint8_t* block = row + b * kQ4_0Bytes;
+          uint8_t* out = group + b * kQ4_0GroupBlockBytes;
+          std::memcpy(out + 2 * i, block, 2);
+          for (int k = 0; k < 4; ++k) std::memcpy(out + 2 * kGroupRows + 32 * k + 4 * i, block + 2 + 4 * k, 4);
+        } else {
+          const uint8_t* block = row + b * kQ4KBytes;
+          uint8_t* out = group + b * kQ4KGroupBlockBytes;
+          std::memcpy(out + 2 * i, block, 2);
+          std::memcpy(out + 16 + 2 * i, block + 2, 2);
+          uint8_t sc[8], mn[8];
+          unpack_q4k_scales(block + 4, sc, mn);
+          for (int s = 0; s < 8; ++s) {
+            out[kQ4KScales + 8 * s + i] = sc[s];
+            out[kQ4KMins + 16 * (s / 2) + 2 * i + s % 2] = mn[s];
+          }
+          for (int j = 0; j < 4; ++j)
+            for (int k = 0; k < 8; ++k)
+              std::memcpy(out + kQ4KQs + 256 * j + 32 * k + 4 * i, block + 16 + 32 * j + 4 * k, 4);
+        }
+      }
+    }
+  }
+}
+
+void deinterleave_row(QuantType type, const uint8_t* src, int64_t r, int64_t cols, uint8_t* row) {
+  require_supported(type, "deinterleave_row");
+  const int64_t blocks = cols / block_values(type);
+  const int64_t i = r % kGroupRows;
+  const uint8_t* group = src + (r / kGroupRows) * kGroupRows * interleaved_row_bytes(type, cols);
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (type == QuantType::Q4_0) {
+      const uint8_t* in = group + b * kQ4_0GroupBlockBytes;
+      uint8_t* block = row + b * kQ4_0Bytes;
+      std::memcpy(block, in + 2 * i, 2);
+      for (int k = 0; k < 4; ++k) std::memcpy(block + 2 + 4 * k, in + 2 * kGroupRows + 32 * k + 4 * i, 4);
+    } else {
+      const uint8_t* in = group + b * kQ4KGroupBlockBytes;
+      uint8_t* block = row + b * kQ4KBytes;
+      std::memcpy(block, in + 2 * i, 2);
+      std::memcpy(block + 2, in + 16 + 2 * i, 2);
+      uint8_t sc[8], mn[8];
+      for (int s = 0; s < 8; ++s) {
+        sc[s] = in[kQ4KScales + 8 * s + i];
+        mn[s] = in[kQ4KMins + 16 * (s / 2) + 2 * i + s % 2];
+      }
+      pack_q4k_scales(sc, mn, block + 4);
+      for (int j = 0; j < 4; ++j)
+        for (int k = 0; k < 8; ++k)
+          std::memcpy(block + 16 + 32 * j + 4 * k, in + kQ4KQs + 256 * j + 32 * k + 4 * i, 4);
+    }
+  }
+}
+
+namespace {
+
+// One type's group kernels, by ISA.
+template <typename Acts>
+struct GroupKernels {
+  using Fn = void (*)(const uint8_t*, int64_t, int64_t, const Acts&, int64_t, float*, int64_t);
+  Fn portable, avx2, vnni;
+};
+
+// Fills the activations' per-block terms (prepare(j_begin, j_end), once per call for every
+// group), then runs the groups over the rank's thread pool.
+template <typename Acts, typename Prepare>
+void run_groups(InterleaveIsa isa, const GroupKernels<Acts>& kernels, const Acts& a, const Prepare& prepare,
+                const uint8_t* w, int64_t rows, int64_t n, float* y, int64_t ldy) {
+  if (n == 1) prepare(0, 1);
+  else parallel_rows(n, 1, prepare);
+  auto kernel = kernels.portable;
+#if defined(__x86_64__)
+  if (isa == InterleaveIsa::kAvx2) kernel = kernels.avx2;
+  if (isa == InterleaveIsa::kAvx512Vnni) kernel = kernels.vnni;
+#endif
+  parallel_rows(rows / kGroupRows, 1, [&](int64_t g_begin, int64_t g_end) { kernel(w, g_begin, g_end, a, n, y, ldy); });
+}
+
+#if defined(__x86_64__)
+const GroupKernels<Activations> kQ4_0Kernels = {interleaved_impl::q4_0_portable, interleaved_impl::q4_0_avx2,
+                                                interleaved_impl::q4_0_avx512vnni};
+const GroupKernels<SuperActivations> kQ4KKernels = {interleaved_impl::q4_k_portable, interleaved_impl::q4_k_avx2,
+                                                    interleaved_impl::q4_k_avx512vnni};
+#else
+const GroupKernels<Activations> kQ4_0Kernels = {interleaved_impl::q4_0_portable, nullptr, nullptr};
+const GroupKernels<SuperActivations> kQ4KKernels = {interleaved_impl::q4_k_portable, nullptr, nullptr};
+#endif
+
+// The activations' per-block terms live in buffers of the calling thread, reached by the
+// pool's threads through the pointers.
+void matmul_q4_0(InterleaveIsa isa, const uint8_t* x, int64_t x_stride, int64_t n, const uint8_t* w, int64_t rows,
+                 int64_t cols, float* y, int64_t ldy) {
+  const int64_t blocks = cols / 32;
+  thread_local std::vector<float> da;
+  thread_local std::vector<int32_t> offset8;
+  da.resize(static_cast<size_t>(n * blocks));
+  offset8.resize(da.size());
+  Activations a;
+  a.x = x;
+  a.x_stride = x_stride;
+  a.da = da.data();
+  a.offset8 = offset8.data();
+  a.blocks = blocks;
+  float* da_data = da.data();
+  int32_t* offset_data = offset8.data();
+  auto prepare = [&](int64_t j_begin, int64_t j_end) {
+    for (int64_t j = j_begin; j < j_end; ++j)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* block = x + j * x_stride + b * kQ8_0ActivationBytes;
+        const auto* q = reinterpret_cast<const int8_t*>(block + 2);
+        int32_t sum = 0;
+        for (int t = 0; t < 32; ++t) sum += q[t];
+        da_data[j * blocks + b] = quant_impl::fp16_to_fp32(load_u16(block));
+        offset_data[j * blocks + b] = 8 * sum;
+      }
+  };
+  run_groups(isa, kQ4_0Kernels, a, prepare, w, rows, n, y, ldy);
+}
+
+void matmul_q4_k(InterleaveIsa isa, const uint8_t* x, int64_t x_stride, int64_t n, const uint8_t* w, int64_t rows,
+                 int64_t cols, float* y, int64_t ldy) {
+  const int64_t blocks = cols / 256;
+  thread_local std::vector<float> da;
+  thread_local std::vector<int32_t> sum_pairs;
+  da.resize(static_cast<size_t>(n * blocks));
+  sum_pairs.resize(da.size() * 4);
+  SuperActivations a;
+  a.x = x;
+  a.x_stride = x_stride;
+  a.da = da.data();
+  a.sum_pairs = sum_pairs.data();
+  a.blocks = blocks;
+  float* da_data = da.data();
+  int32_t* pair_data = sum_pairs.data();
+  auto prepare = [&](int64_t j_begin, int64_t j_end) {
+    for (int64_t j = j_begin; j < j_end; ++j)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* block = x + j * x_stride + b * kQ8KActivationBytes;
+        std::memcpy(&da_data[j * blocks + b], block, sizeof(float));
+        int16_t bsums[16];
+        std::memcpy(bsums, block + 4 + 256, sizeof bsums);
+        for (int p = 0; p < 4; ++p) {
+          // Sub-blocks 2p and 2p + 1, each the sum of two 16-value sums (at most 32 * 127).
+          const int32_t lo = bsums[4 * p] + bsums[4 * p + 1], hi = bsums[4 * p + 2] + bsums[4 * p + 3];
+          pair_data[(j * blocks + b) * 4 + p] =
+              static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(lo)) |
+                                   static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16);
+        }
+      }
+  };
+  run_groups(isa, kQ4KKernels, a, prepare, w, rows, n, y, ldy);
+}
+
+}  // namespace
+
+void interleaved_matmul(InterleaveIsa isa, const uint8_t* x, int64_t x_stride, int64_t n, QuantType type,
+                        const uint8_t* w, int64_t rows, int64_t cols, float* y, int64_t ldy) {
+  require_supported(type, "interleaved_matmul");
+  if (!interleave_runs(isa))
+    throw std::invalid_argument(std::string("interleaved_matmul: ") + interleave_isa_name(isa) +
+                                " does not run on this processor");
+  require_groups(type, rows, cols, "interleaved_matmul");
+  if (n <= 0 || rows == 0) return;
+  if (type == QuantType::Q4_0) return matmul_q4_0(isa, x, x_stride, n, w, rows, cols, y, ldy);
+  matmul_q4_k(isa, x, x_stride, n, w, rows, cols, y, ldy);
+}
+
+}  // namespace kvpipe

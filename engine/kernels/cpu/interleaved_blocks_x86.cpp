@@ -1,0 +1,270 @@
+// interleaved_blocks' x86 group kernels (interleaved_blocks_impl.h): one template over the
+// byte product, AVX2's vpmaddubsw or AVX-512 VNNI's vpdpbusd, each compiled with its own
+// target attributes so the binary runs on any x86-64 and calls them only where they run.
+#include "engine/kernels/cpu/interleaved_blocks_impl.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <cstring>
+
+namespace kvpipe::interleaved_impl {
+namespace {
+
+#define KVPIPE_INTERLEAVED_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define KVPIPE_INTERLEAVED_VNNI \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
+
+inline int32_t load_i32(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// How far ahead of the block being computed the kernels ask for weights (as the row kernels,
+// quant_legacy_avx2.cpp: on weights streamed from memory the hardware prefetcher alone left
+// the loop 15-25% slower).
+constexpr int64_t kPrefetchBytes = 2048;
+
+// The 8 nibble vectors of one block of a group: lo[k] holds values 4k .. 4k + 3 of each row
+// (one row per 32-bit lane), hi[k] values 16 + 4k .. 16 + 4k + 3.
+struct Nibbles {
+  __m256i lo[4], hi[4];
+};
+
+KVPIPE_INTERLEAVED_AVX2 inline Nibbles unpack(const uint8_t* q) {
+  const __m256i mask = _mm256_set1_epi8(0x0f);
+  Nibbles v;
+  for (int k = 0; k < 4; ++k) {
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k));
+    v.lo[k] = _mm256_and_si256(bytes, mask);
+    v.hi[k] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+  }
+  return v;
+}
+
+struct SumsAvx2 {
+  // Each pair of nibble-times-byte products is at most 2 * 15 * 127 = 3810, so the eight
+  // vectors' pair sums add up in 16 bits (at most 30480) before one widening to 32.
+  KVPIPE_INTERLEAVED_AVX2 static __m256i block(const Nibbles& v, const uint8_t* xq) {
+    __m256i s = _mm256_maddubs_epi16(v.lo[0], _mm256_set1_epi32(load_i32(xq)));
+    for (int k = 1; k < 4; ++k)
+      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v.lo[k], _mm256_set1_epi32(load_i32(xq + 4 * k))));
+    for (int k = 0; k < 4; ++k)
+      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v.hi[k], _mm256_set1_epi32(load_i32(xq + 16 + 4 * k))));
+    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+  }
+};
+
+struct SumsVnni {
+  // Two chains of four, so one input's sums wait on half as many vpdpbusd latencies.
+  KVPIPE_INTERLEAVED_VNNI static __m256i block(const Nibbles& v, const uint8_t* xq) {
+    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+    for (int k = 0; k < 4; ++k) {
+      lo = _mm256_dpbusd_epi32(lo, v.lo[k], _mm256_set1_epi32(load_i32(xq + 4 * k)));
+      hi = _mm256_dpbusd_epi32(hi, v.hi[k], _mm256_set1_epi32(load_i32(xq + 16 + 4 * k)));
+    }
+    return _mm256_add_epi32(lo, hi);
+  }
+};
+
+// kInputs inputs from j0 times group g; the float operations are q4_0_portable's, in its order.
+#define KVPIPE_INTERLEAVED_TILE(NAME, ATTR, SUMS)                                                                  \
+  template <int kInputs>                                                                                          \
+  ATTR void NAME(const uint8_t* wg, const Activations& a, int64_t j0, float* y, int64_t ldy) {                    \
+    __m256 acc[kInputs];                                                                                          \
+    const uint8_t* xr[kInputs];                                                                                   \
+    const float* da[kInputs];                                                                                     \
+    const int32_t* off[kInputs];                                                                                  \
+    for (int j = 0; j < kInputs; ++j) {                                                                           \
+      acc[j] = _mm256_setzero_ps();                                                                               \
+      xr[j] = a.x + (j0 + j) * a.x_stride + 2;                                                                    \
+      da[j] = a.da + (j0 + j) * a.blocks;                                                                         \
+      off[j] = a.offset8 + (j0 + j) * a.blocks;                                                                   \
+    }                                                                                                             \
+    for (int64_t b = 0; b < a.blocks; ++b) {                                                                      \
+      const uint8_t* wb = wg + b * kQ4_0GroupBlockBytes;                                                          \
+      if (j0 == 0) { /* later tiles find the group in cache */                                                    \
+        _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes), _MM_HINT_T0);                            \
+        _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + 64), _MM_HINT_T0);                       \
+        _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + 128), _MM_HINT_T0);                      \
+      }                                                                                                           \
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));                   \
+      const Nibbles v = unpack(wb + 2 * kGroupRows);                                                              \
+      _Pragma("GCC unroll 8") for (int j = 0; j < kInputs; ++j) {                                                 \
+        const __m256i sum = _mm256_sub_epi32(SUMS::block(v, xr[j] + b * kQ8_0ActivationBytes),                    \
+                                             _mm256_set1_epi32(off[j][b]));                                       \
+        const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(da[j][b]));                                         \
+        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[j]);                                         \
+      }                                                                                                           \
+    }                                                                                                             \
+    for (int j = 0; j < kInputs; ++j) _mm256_storeu_ps(y + (j0 + j) * ldy, acc[j]);                               \
+  }
+
+KVPIPE_INTERLEAVED_TILE(inputs_avx2, KVPIPE_INTERLEAVED_AVX2, SumsAvx2)
+KVPIPE_INTERLEAVED_TILE(inputs_vnni, KVPIPE_INTERLEAVED_VNNI, SumsVnni)
+
+// AVX2 has 16 vector registers: the block's 8 nibble vectors and 4 inputs' accumulators fill
+// them; AVX-512's 32 hold 8 inputs.
+KVPIPE_INTERLEAVED_AVX2 void group_avx2(const uint8_t* wg, const Activations& a, int64_t n, float* y, int64_t ldy) {
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) inputs_avx2<4>(wg, a, j, y, ldy);
+  switch (n - j) {
+    case 3: inputs_avx2<3>(wg, a, j, y, ldy); break;
+    case 2: inputs_avx2<2>(wg, a, j, y, ldy); break;
+    case 1: inputs_avx2<1>(wg, a, j, y, ldy); break;
+    default: break;
+  }
+}
+
+KVPIPE_INTERLEAVED_VNNI void group_vnni(const uint8_t* wg, const Activations& a, int64_t n, float* y, int64_t ldy) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) inputs_vnni<8>(wg, a, j, y, ldy);
+  if (n - j >= 4) {
+    inputs_vnni<4>(wg, a, j, y, ldy);
+    j += 4;
+  }
+  switch (n - j) {
+    case 3: inputs_vnni<3>(wg, a, j, y, ldy); break;
+    case 2: inputs_vnni<2>(wg, a, j, y, ldy); break;
+    case 1: inputs_vnni<1>(wg, a, j, y, ldy); break;
+    default: break;
+  }
+}
+
+// ---- Q4_K ----------------------------------------------------------------------------------
+// Per super-block of a group and input: each sub-block's 8 row sums, times the rows' scales, into
+// one int32 sum per row (at most 8 * 63 * 32 * 15 * 127); the mins through the activation's
+// sub-block sums; then the two float terms, as q4_k_portable.
+
+struct SuperAvx2 {
+  // Eight vpmaddubsw pair sums of one sub-block add up in 16 bits (at most 8 * 2 * 15 * 127 =
+  // 30480); vpmaddwd with the row's scale in both halves of its lane then gives
+  // scale * (sub-block sum) in 32 bits.
+  using Sum = __m256i;
+  KVPIPE_INTERLEAVED_AVX2 static Sum zero() { return _mm256_setzero_si256(); }
+  KVPIPE_INTERLEAVED_AVX2 static Sum add(Sum s, __m256i nibbles, const uint8_t* xq) {
+    return _mm256_add_epi16(s, _mm256_maddubs_epi16(nibbles, _mm256_set1_epi32(load_i32(xq))));
+  }
+  KVPIPE_INTERLEAVED_AVX2 static __m256i scaled(Sum s, __m256i scale32) {
+    return _mm256_madd_epi16(s, _mm256_or_si256(scale32, _mm256_slli_epi32(scale32, 16)));
+  }
+};
+
+struct SuperVnni {
+  using Sum = __m256i;
+  KVPIPE_INTERLEAVED_VNNI static Sum zero() { return _mm256_setzero_si256(); }
+  KVPIPE_INTERLEAVED_VNNI static Sum add(Sum s, __m256i nibbles, const uint8_t* xq) {
+    return _mm256_dpbusd_epi32(s, nibbles, _mm256_set1_epi32(load_i32(xq)));
+  }
+  KVPIPE_INTERLEAVED_VNNI static __m256i scaled(Sum s, __m256i scale32) { return _mm256_mullo_epi32(s, scale32); }
+};
+
+#define KVPIPE_INTERLEAVED_SUPER_TILE(NAME, ATTR, OPS)                                                             \
+  template <int kInputs>                                                                                          \
+  ATTR void NAME(const uint8_t* wg, const SuperActivations& a, int64_t j0, float* y, int64_t ldy) {               \
+    const __m256i mask = _mm256_set1_epi8(0x0f);                                                                  \
+    __m256 acc[kInputs];                                                                                          \
+    const uint8_t* xr[kInputs];                                                                                   \
+    for (int j = 0; j < kInputs; ++j) {                                                                           \
+      acc[j] = _mm256_setzero_ps();                                                                               \
+      xr[j] = a.x + (j0 + j) * a.x_stride + 4;                                                                    \
+    }                                                                                                             \
+    for (int64_t b = 0; b < a.blocks; ++b) {                                                                      \
+      const uint8_t* wb = wg + b * kQ4KGroupBlockBytes;                                                           \
+      if (j0 == 0)                                                                                                \
+        for (int64_t off = 0; off < kQ4KGroupBlockBytes; off += 64)                                               \
+          _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + off), _MM_HINT_T0);                    \
+      __m256i sumi[kInputs];                                                                                      \
+      for (int j = 0; j < kInputs; ++j) sumi[j] = _mm256_setzero_si256();                                         \
+      for (int p = 0; p < 4; ++p) {                                                                               \
+        typename OPS::Sum lo[kInputs], hi[kInputs];                                                               \
+        for (int j = 0; j < kInputs; ++j) lo[j] = hi[j] = OPS::zero();                                            \
+        const uint8_t* q = wb + kQ4KQs + 256 * p;                                                                 \
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k) {                                                     \
+          const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k));                 \
+          const __m256i vlo = _mm256_and_si256(bytes, mask);                                                      \
+          const __m256i vhi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);                                \
+          for (int j = 0; j < kInputs; ++j) {                                                                     \
+            const uint8_t* xq = xr[j] + b * kQ8KActivationBytes + 64 * p + 4 * k;                                 \
+            lo[j] = OPS::add(lo[j], vlo, xq);                                                                     \
+            hi[j] = OPS::add(hi[j], vhi, xq + 32);                                                                \
+          }                                                                                                       \
+        }                                                                                                         \
+        const __m256i sc_lo = _mm256_cvtepu8_epi32(                                                               \
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb + kQ4KScales + 16 * p)));                         \
+        const __m256i sc_hi = _mm256_cvtepu8_epi32(                                                               \
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb + kQ4KScales + 16 * p + 8)));                     \
+        for (int j = 0; j < kInputs; ++j)                                                                         \
+          sumi[j] = _mm256_add_epi32(sumi[j], _mm256_add_epi32(OPS::scaled(lo[j], sc_lo), OPS::scaled(hi[j], sc_hi))); \
+      }                                                                                                           \
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));                   \
+      const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 16)));              \
+      __m256i mins[4];                                                                                            \
+      for (int p = 0; p < 4; ++p)                                                                                 \
+        mins[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kQ4KMins + 16 * p))); \
+      for (int j = 0; j < kInputs; ++j) {                                                                         \
+        const int32_t* pairs = a.sum_pairs + ((j0 + j) * a.blocks + b) * 4;                                       \
+        __m256i summ = _mm256_madd_epi16(mins[0], _mm256_set1_epi32(pairs[0]));                                   \
+        for (int p = 1; p < 4; ++p) summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mins[p], _mm256_set1_epi32(pairs[p]))); \
+        const __m256 da = _mm256_set1_ps(a.da[(j0 + j) * a.blocks + b]);                                          \
+        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[j]), _mm256_mul_ps(dw, da), acc[j]);                     \
+        acc[j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dm, da), acc[j]);                       \
+      }                                                                                                           \
+    }                                                                                                             \
+    for (int j = 0; j < kInputs; ++j) _mm256_storeu_ps(y + (j0 + j) * ldy, acc[j]);                               \
+  }
+
+KVPIPE_INTERLEAVED_SUPER_TILE(super_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, SuperAvx2)
+KVPIPE_INTERLEAVED_SUPER_TILE(super_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, SuperVnni)
+
+// Each input keeps two sub-block sums, a super-block sum and an accumulator: 2 inputs fill
+// AVX2's 16 registers, 4 AVX-512's 32.
+KVPIPE_INTERLEAVED_AVX2 void super_group_avx2(const uint8_t* wg, const SuperActivations& a, int64_t n, float* y,
+                                              int64_t ldy) {
+  int64_t j = 0;
+  for (; j + 2 <= n; j += 2) super_inputs_avx2<2>(wg, a, j, y, ldy);
+  if (j < n) super_inputs_avx2<1>(wg, a, j, y, ldy);
+}
+
+KVPIPE_INTERLEAVED_VNNI void super_group_vnni(const uint8_t* wg, const SuperActivations& a, int64_t n, float* y,
+                                              int64_t ldy) {
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) super_inputs_vnni<4>(wg, a, j, y, ldy);
+  switch (n - j) {
+    case 3: super_inputs_vnni<3>(wg, a, j, y, ldy); break;
+    case 2: super_inputs_vnni<2>(wg, a, j, y, ldy); break;
+    case 1: super_inputs_vnni<1>(wg, a, j, y, ldy); break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+void q4_0_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
+               int64_t ldy) {
+  const int64_t group_bytes = a.blocks * kQ4_0GroupBlockBytes;
+  for (int64_t g = g_begin; g < g_end; ++g) group_avx2(w + g * group_bytes, a, n, y + g * kGroupRows, ldy);
+}
+
+void q4_0_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
+                     int64_t ldy) {
+  const int64_t group_bytes = a.blocks * kQ4_0GroupBlockBytes;
+  for (int64_t g = g_begin; g < g_end; ++g) group_vnni(w + g * group_bytes, a, n, y + g * kGroupRows, ldy);
+}
+
+void q4_k_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
+               int64_t ldy) {
+  const int64_t group_bytes = a.blocks * kQ4KGroupBlockBytes;
+  for (int64_t g = g_begin; g < g_end; ++g) super_group_avx2(w + g * group_bytes, a, n, y + g * kGroupRows, ldy);
+}
+
+void q4_k_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n,
+                     float* y, int64_t ldy) {
+  const int64_t group_bytes = a.blocks * kQ4KGroupBlockBytes;
+  for (int64_t g = g_begin; g < g_end; ++g) super_group_vnni(w + g * group_bytes, a, n, y + g * kGroupRows, ldy);
+}
+
+}  // namespace kvpipe::interleaved_impl
+
+#endif  // __x86_64__
