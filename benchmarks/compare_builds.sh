@@ -5,20 +5,22 @@
 # each run, with the read bandwidth measured at the start of each run.
 #
 #   benchmarks/compare_builds.sh --base OTHER/kvpipe [--runs N] [--threads T] [--env NAME=V,...]
-#                                [--model PATH]
+#                                [--set KEY=V,...] [--model PATH]
 #
 # --env adds a third variant: this build with those environment variables (for example
-# KVPIPE_CPU_BLAS=torch). Prints a Markdown table of medians and of the per-run ratios to the
+# KVPIPE_CPU_BLAS=torch); --set gives that variant config overrides instead or as well (for
+# example model.repack=false). Prints a Markdown table of medians and of the per-run ratios to the
 # base build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-base="" runs=5 threads=1 extra="" model=dummy:small
+base="" runs=5 threads=1 extra="" sets="" model=dummy:small
 while [ $# -gt 0 ]; do
   case "$1" in
     --base) base=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --env) extra=$2; shift 2 ;;
+    --set) sets=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
     *) echo "compare_builds: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -35,21 +37,25 @@ ids() { seq 0 $(($1 - 1)) | awk '{printf "%s%d", (NR>1?",":""), ($1*7919)%8000+3
 decode_prompt=$(ids 16) prefill_prompt=$(ids 512)
 field() { grep -oE "\"$1\":[0-9.]+" | head -1 | cut -d: -f2; }
 variants=(base this)
-[ -n "$extra" ] && variants+=(env)
+[ -n "$extra$sets" ] && variants+=(env)
 for r in $(seq 1 "$runs"); do
   bw=$("$membw" 1024 5 | grep -oE '"read_gbps_median": [0-9.]+' | awk '{print $2}')
   for v in "${variants[@]}"; do
-    bin=$this env_args=()
+    bin=$this env_args=() set_args=()
     [ "$v" = base ] && bin=$base
-    [ "$v" = env ] && IFS=, read -r -a env_args <<<"$extra"
-    tpot=$(env "${env_args[@]}" "$bin" generate --config "$tmp/job.yaml" --prompt-ids "$decode_prompt" \
+    [ "$v" = env ] && [ -n "$extra" ] && IFS=, read -r -a env_args <<<"$extra"
+    if [ "$v" = env ] && [ -n "$sets" ]; then
+      IFS=, read -r -a kvs <<<"$sets"
+      for kv in "${kvs[@]}"; do set_args+=(--set "$kv"); done
+    fi
+    tpot=$(env "${env_args[@]}" "$bin" generate --config "$tmp/job.yaml" "${set_args[@]}" --prompt-ids "$decode_prompt" \
       --max-new-tokens 128 --log-level error | field tpot_ms)
-    ttft=$(env "${env_args[@]}" "$bin" generate --config "$tmp/job.yaml" --prompt-ids "$prefill_prompt" \
+    ttft=$(env "${env_args[@]}" "$bin" generate --config "$tmp/job.yaml" "${set_args[@]}" --prompt-ids "$prefill_prompt" \
       --max-new-tokens 1 --log-level error | field ttft_ms)
     echo "$r $v $bw $tpot $ttft" >>"$tmp/rows"
   done
 done
-python3 - "$tmp/rows" "$base" "$extra" "$threads" "$runs" "$model" <<'PY'
+python3 - "$tmp/rows" "$base" "$extra${extra:+${sets:+, }}${sets:+--set $sets}" "$threads" "$runs" "$model" <<'PY'
 import statistics as st, sys
 rows, base, extra, threads, runs, model = sys.argv[1:7]
 by = {}
