@@ -20,6 +20,10 @@ using interleaved_impl::kQ4KGroupBlockBytes;
 using interleaved_impl::kQ4KMins;
 using interleaved_impl::kQ4KQs;
 using interleaved_impl::kQ4KScales;
+using interleaved_impl::kQ6KGroupBlockBytes;
+using interleaved_impl::kQ6KQs;
+using interleaved_impl::kQ6KScales;
+using interleaved_impl::kQ6KSubBlockBytes;
 using interleaved_impl::kQ8_0ActivationBytes;
 using interleaved_impl::kQ8KActivationBytes;
 using interleaved_impl::SuperActivations;
@@ -28,8 +32,47 @@ namespace {
 
 constexpr int64_t kQ4_0Bytes = 18;  // fp16 d, then 16 bytes of nibbles
 constexpr int64_t kQ4KBytes = 144;  // fp16 d and dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
+constexpr int64_t kQ6KBytes = 210;  // ql[128], qh[64], int8 scales[16], fp16 d
 
-int64_t block_values(QuantType type) { return type == QuantType::Q4_K ? 256 : 32; }
+int64_t block_values(QuantType type) { return type == QuantType::Q4_0 ? 32 : 256; }
+
+// A stored Q6_K block's 256 values as 6-bit unsigned u = value + 32 (ggml's layout: each half
+// of 128 values takes 64 bytes of ql, low nibbles then high, and 32 of qh, two bits a value),
+// and back: the bits are the same, only their places differ.
+void unpack_q6k_values(const uint8_t* block, uint8_t* u) {
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* ql = block + 64 * h;
+    const uint8_t* qh = block + 128 + 32 * h;
+    uint8_t* out = u + 128 * h;
+    for (int l = 0; l < 32; ++l) {
+      out[l] = static_cast<uint8_t>((ql[l] & 0xf) | ((qh[l] & 3) << 4));
+      out[l + 32] = static_cast<uint8_t>((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4));
+      out[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+      out[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+    }
+  }
+}
+
+void pack_q6k_values(const uint8_t* u, uint8_t* block) {
+  for (int h = 0; h < 2; ++h) {
+    uint8_t* ql = block + 64 * h;
+    uint8_t* qh = block + 128 + 32 * h;
+    const uint8_t* in = u + 128 * h;
+    for (int l = 0; l < 32; ++l) {
+      ql[l] = static_cast<uint8_t>((in[l] & 0xf) | ((in[l + 64] & 0xf) << 4));
+      ql[l + 32] = static_cast<uint8_t>((in[l + 32] & 0xf) | ((in[l + 96] & 0xf) << 4));
+      qh[l] = static_cast<uint8_t>((in[l] >> 4) | ((in[l + 32] >> 4) << 2) | ((in[l + 64] >> 4) << 4) |
+                                   ((in[l + 96] >> 4) << 6));
+    }
+  }
+}
+
+// Value 16 s + 4 m + t of row i in a group super-block's sub-block bytes c (interleaved_blocks.h).
+uint8_t q6k_group_value(const uint8_t* c, int64_t i, int m, int t) {
+  const uint8_t nibbles = c[32 * (m / 2) + 4 * i + t];
+  const uint8_t low = m % 2 == 0 ? nibbles & 0x0f : nibbles >> 4;
+  return static_cast<uint8_t>(low | (((c[64 + 4 * i + t] >> (2 * m)) & 3) << 4));
+}
 
 // A Q4_K block's eight 6-bit scales and mins (ggml's get_scale_min_k4), and back: the 12 bytes
 // hold exactly these 96 bits, so the round trip gives the stored bytes.
@@ -141,6 +184,44 @@ void q4_k_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const Super
   }
 }
 
+// Per row and super-block: the integer sum over the 16 sub-blocks of scale * (u . x), less 32
+// times the sum of scale * (the sub-block's activation sum), exact in 32 bits (at most
+// 16 * 128 * 16 * 63 * 128 + 32 * 16 * 128 * 16 * 128), then one float term.
+void q6_k_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
+                   int64_t ldy) {
+  const int64_t group_bytes = a.blocks * kQ6KGroupBlockBytes;
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    const uint8_t* wg = w + g * group_bytes;
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t* xr = a.x + j * a.x_stride;
+      float acc[kGroupRows] = {};
+      for (int64_t b = 0; b < a.blocks; ++b) {
+        const uint8_t* wb = wg + b * kQ6KGroupBlockBytes;
+        const auto* xq = reinterpret_cast<const int8_t*>(xr + b * kQ8KActivationBytes + 4);
+        const int32_t* pairs = a.sum_pairs + (j * a.blocks + b) * 8;
+        const float da = a.da[j * a.blocks + b];
+        for (int64_t i = 0; i < kGroupRows; ++i) {
+          int32_t sumi = 0, summ = 0;
+          for (int s = 0; s < 16; ++s) {
+            const uint8_t* c = wb + kQ6KQs + kQ6KSubBlockBytes * s;
+            int32_t isum = 0;
+            for (int m = 0; m < 4; ++m)
+              for (int t = 0; t < 4; ++t) isum += static_cast<int32_t>(q6k_group_value(c, i, m, t)) * xq[16 * s + 4 * m + t];
+            const int32_t scale = static_cast<int8_t>(wb[kQ6KScales + 16 * (s / 2) + 2 * i + s % 2]);
+            const int32_t pair = pairs[s / 2];
+            const int32_t bsum = s % 2 == 0 ? static_cast<int16_t>(pair & 0xffff) : static_cast<int16_t>(pair >> 16);
+            sumi += scale * isum;
+            summ += scale * bsum;
+          }
+          const float scale_d = quant_impl::fp16_to_fp32(load_u16(wb + 2 * i)) * da;
+          acc[i] = std::fma(static_cast<float>(sumi - 32 * summ), scale_d, acc[i]);
+        }
+      }
+      std::memcpy(y + j * ldy + g * kGroupRows, acc, sizeof acc);
+    }
+  }
+}
+
 }  // namespace interleaved_impl
 
 const char* interleave_isa_name(InterleaveIsa isa) {
@@ -152,7 +233,9 @@ const char* interleave_isa_name(InterleaveIsa isa) {
   return "?";
 }
 
-bool interleave_supports(QuantType type) { return type == QuantType::Q4_0 || type == QuantType::Q4_K; }
+bool interleave_supports(QuantType type) {
+  return type == QuantType::Q4_0 || type == QuantType::Q4_K || type == QuantType::Q6_K;
+}
 
 int64_t interleaved_row_bytes(QuantType type, int64_t cols) {
   // Q4_K's 12 bytes of packed 6-bit scales and mins become 16, one byte each.
@@ -196,6 +279,23 @@ void interleave_rows(QuantType type, const uint8_t* src, int64_t rows, int64_t c
           uint8_t* out = group + b * kQ4_0GroupBlockBytes;
           std::memcpy(out + 2 * i, block, 2);
           for (int k = 0; k < 4; ++k) std::memcpy(out + 2 * kGroupRows + 32 * k + 4 * i, block + 2 + 4 * k, 4);
+        } else if (type == QuantType::Q6_K) {
+          const uint8_t* block = row + b * kQ6KBytes;
+          uint8_t* out = group + b * kQ6KGroupBlockBytes;
+          std::memcpy(out + 2 * i, block + 208, 2);
+          for (int s = 0; s < 16; ++s) out[kQ6KScales + 16 * (s / 2) + 2 * i + s % 2] = block[192 + s];
+          uint8_t u[256];
+          unpack_q6k_values(block, u);
+          for (int s = 0; s < 16; ++s) {
+            uint8_t* c = out + kQ6KQs + kQ6KSubBlockBytes * s;
+            const uint8_t* v = u + 16 * s;
+            for (int t = 0; t < 4; ++t) {
+              c[4 * i + t] = static_cast<uint8_t>((v[t] & 0xf) | ((v[4 + t] & 0xf) << 4));
+              c[32 + 4 * i + t] = static_cast<uint8_t>((v[8 + t] & 0xf) | ((v[12 + t] & 0xf) << 4));
+              c[64 + 4 * i + t] = static_cast<uint8_t>((v[t] >> 4) | ((v[4 + t] >> 4) << 2) | ((v[8 + t] >> 4) << 4) |
+                                                       ((v[12 + t] >> 4) << 6));
+            }
+          }
         } else {
           const uint8_t* block = row + b * kQ4KBytes;
           uint8_t* out = group + b * kQ4KGroupBlockBytes;
@@ -227,6 +327,16 @@ void deinterleave_row(QuantType type, const uint8_t* src, int64_t r, int64_t col
       uint8_t* block = row + b * kQ4_0Bytes;
       std::memcpy(block, in + 2 * i, 2);
       for (int k = 0; k < 4; ++k) std::memcpy(block + 2 + 4 * k, in + 2 * kGroupRows + 32 * k + 4 * i, 4);
+    } else if (type == QuantType::Q6_K) {
+      const uint8_t* in = group + b * kQ6KGroupBlockBytes;
+      uint8_t* block = row + b * kQ6KBytes;
+      std::memcpy(block + 208, in + 2 * i, 2);
+      for (int s = 0; s < 16; ++s) block[192 + s] = in[kQ6KScales + 16 * (s / 2) + 2 * i + s % 2];
+      uint8_t u[256];
+      for (int s = 0; s < 16; ++s)
+        for (int m = 0; m < 4; ++m)
+          for (int t = 0; t < 4; ++t) u[16 * s + 4 * m + t] = q6k_group_value(in + kQ6KQs + kQ6KSubBlockBytes * s, i, m, t);
+      pack_q6k_values(u, block);
     } else {
       const uint8_t* in = group + b * kQ4KGroupBlockBytes;
       uint8_t* block = row + b * kQ4KBytes;
@@ -274,9 +384,12 @@ const GroupKernels<Activations> kQ4_0Kernels = {interleaved_impl::q4_0_portable,
                                                 interleaved_impl::q4_0_avx512vnni};
 const GroupKernels<SuperActivations> kQ4KKernels = {interleaved_impl::q4_k_portable, interleaved_impl::q4_k_avx2,
                                                     interleaved_impl::q4_k_avx512vnni};
+const GroupKernels<SuperActivations> kQ6KKernels = {interleaved_impl::q6_k_portable, interleaved_impl::q6_k_avx2,
+                                                    interleaved_impl::q6_k_avx512vnni};
 #else
 const GroupKernels<Activations> kQ4_0Kernels = {interleaved_impl::q4_0_portable, nullptr, nullptr};
 const GroupKernels<SuperActivations> kQ4KKernels = {interleaved_impl::q4_k_portable, nullptr, nullptr};
+const GroupKernels<SuperActivations> kQ6KKernels = {interleaved_impl::q6_k_portable, nullptr, nullptr};
 #endif
 
 // The activations' per-block terms live in buffers of the calling thread, reached by the
@@ -344,6 +457,33 @@ void matmul_q4_k(InterleaveIsa isa, const uint8_t* x, int64_t x_stride, int64_t 
   run_groups(isa, kQ4KKernels, a, prepare, w, rows, n, y, ldy);
 }
 
+void matmul_q6_k(InterleaveIsa isa, const uint8_t* x, int64_t x_stride, int64_t n, const uint8_t* w, int64_t rows,
+                 int64_t cols, float* y, int64_t ldy) {
+  const int64_t blocks = cols / 256;
+  thread_local std::vector<float> da;
+  thread_local std::vector<int32_t> sum_pairs;
+  da.resize(static_cast<size_t>(n * blocks));
+  sum_pairs.resize(da.size() * 8);
+  SuperActivations a;
+  a.x = x;
+  a.x_stride = x_stride;
+  a.da = da.data();
+  a.sum_pairs = sum_pairs.data();
+  a.blocks = blocks;
+  float* da_data = da.data();
+  int32_t* pair_data = sum_pairs.data();
+  auto prepare = [&](int64_t j_begin, int64_t j_end) {
+    for (int64_t j = j_begin; j < j_end; ++j)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* block = x + j * x_stride + b * kQ8KActivationBytes;
+        std::memcpy(&da_data[j * blocks + b], block, sizeof(float));
+        // The 16-value sums as they are: two int16 side by side make one pair.
+        std::memcpy(&pair_data[(j * blocks + b) * 8], block + 4 + 256, 32);
+      }
+  };
+  run_groups(isa, kQ6KKernels, a, prepare, w, rows, n, y, ldy);
+}
+
 }  // namespace
 
 void interleaved_matmul(InterleaveIsa isa, const uint8_t* x, int64_t x_stride, int64_t n, QuantType type,
@@ -355,6 +495,7 @@ void interleaved_matmul(InterleaveIsa isa, const uint8_t* x, int64_t x_stride, i
   require_groups(type, rows, cols, "interleaved_matmul");
   if (n <= 0 || rows == 0) return;
   if (type == QuantType::Q4_0) return matmul_q4_0(isa, x, x_stride, n, w, rows, cols, y, ldy);
+  if (type == QuantType::Q6_K) return matmul_q6_k(isa, x, x_stride, n, w, rows, cols, y, ldy);
   matmul_q4_k(isa, x, x_stride, n, w, rows, cols, y, ldy);
 }
 

@@ -239,7 +239,124 @@ KVPIPE_INTERLEAVED_VNNI void super_group_vnni(const uint8_t* wg, const SuperActi
   }
 }
 
+// ---- Q6_K ----------------------------------------------------------------------------------
+// Per super-block of a group and input: each 16-value sub-block's 8 row sums times the rows'
+// int8 scales into one int32 sum per row, less 32 times the scales times the activation's
+// sub-block sums (vpmaddwd over a pair of sub-blocks), then one float term, as q6_k_portable.
+
+struct Q6Avx2 {
+  // A 6-bit value times a byte is at most 63 * 128, a vpmaddubsw pair 16128: two pairs add up
+  // in 16 bits; vpmaddwd with the row's scale in both halves of its lane then gives scale times
+  // the four values' sum in 32 bits.
+  KVPIPE_INTERLEAVED_AVX2 static __m256i sub_block(const __m256i* v, const uint8_t* xq, __m256i scale32) {
+    const __m256i scale = _mm256_or_si256(_mm256_and_si256(scale32, _mm256_set1_epi32(0xffff)),
+                                          _mm256_slli_epi32(scale32, 16));
+    const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(v[0], _mm256_set1_epi32(load_i32(xq))),
+                                         _mm256_maddubs_epi16(v[1], _mm256_set1_epi32(load_i32(xq + 4))));
+    const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(v[2], _mm256_set1_epi32(load_i32(xq + 8))),
+                                         _mm256_maddubs_epi16(v[3], _mm256_set1_epi32(load_i32(xq + 12))));
+    return _mm256_add_epi32(_mm256_madd_epi16(s01, scale), _mm256_madd_epi16(s23, scale));
+  }
+};
+
+struct Q6Vnni {
+  KVPIPE_INTERLEAVED_VNNI static __m256i sub_block(const __m256i* v, const uint8_t* xq, __m256i scale32) {
+    __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), v[0], _mm256_set1_epi32(load_i32(xq)));
+    for (int m = 1; m < 4; ++m) s = _mm256_dpbusd_epi32(s, v[m], _mm256_set1_epi32(load_i32(xq + 4 * m)));
+    return _mm256_mullo_epi32(s, scale32);
+  }
+};
+
+#define KVPIPE_INTERLEAVED_Q6K_TILE(NAME, ATTR, OPS)                                                               \
+  template <int kInputs>                                                                                          \
+  ATTR void NAME(const uint8_t* wg, const SuperActivations& a, int64_t j0, float* y, int64_t ldy) {               \
+    const __m256i low4 = _mm256_set1_epi8(0x0f), high2 = _mm256_set1_epi8(0x30);                                  \
+    __m256 acc[kInputs];                                                                                          \
+    const uint8_t* xr[kInputs];                                                                                   \
+    for (int j = 0; j < kInputs; ++j) {                                                                           \
+      acc[j] = _mm256_setzero_ps();                                                                               \
+      xr[j] = a.x + (j0 + j) * a.x_stride + 4;                                                                    \
+    }                                                                                                             \
+    for (int64_t b = 0; b < a.blocks; ++b) {                                                                      \
+      const uint8_t* wb = wg + b * kQ6KGroupBlockBytes;                                                           \
+      if (j0 == 0)                                                                                                \
+        for (int64_t off = 0; off < kQ6KGroupBlockBytes; off += 64)                                               \
+          _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + off), _MM_HINT_T0);                    \
+      __m256i sumi[kInputs];                                                                                      \
+      for (int j = 0; j < kInputs; ++j) sumi[j] = _mm256_setzero_si256();                                         \
+      for (int p = 0; p < 8; ++p) {                                                                               \
+        /* lane i: the scales of row i's sub-blocks 2p (low int16) and 2p + 1 (high) */                           \
+        const __m256i pair =                                                                                      \
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kQ6KScales + 16 * p)));    \
+        const __m256i scale[2] = {_mm256_srai_epi32(_mm256_slli_epi32(pair, 16), 16), _mm256_srai_epi32(pair, 16)}; \
+        for (int h = 0; h < 2; ++h) {                                                                             \
+          const uint8_t* c = wb + kQ6KQs + kQ6KSubBlockBytes * (2 * p + h);                                       \
+          const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c));                             \
+          const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32));                        \
+          const __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64));                       \
+          const __m256i v[4] = {                                                                                  \
+              _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_and_si256(_mm256_slli_epi16(top, 4), high2)),    \
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo, 4), low4),                                   \
+                              _mm256_and_si256(_mm256_slli_epi16(top, 2), high2)),                                \
+              _mm256_or_si256(_mm256_and_si256(hi, low4), _mm256_and_si256(top, high2)),                          \
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(hi, 4), low4),                                   \
+                              _mm256_and_si256(_mm256_srli_epi16(top, 2), high2))};                               \
+          for (int j = 0; j < kInputs; ++j)                                                                       \
+            sumi[j] = _mm256_add_epi32(                                                                           \
+                sumi[j], OPS::sub_block(v, xr[j] + b * kQ8KActivationBytes + 16 * (2 * p + h), scale[h]));        \
+        }                                                                                                         \
+        for (int j = 0; j < kInputs; ++j) {                                                                       \
+          const int32_t sums = a.sum_pairs[((j0 + j) * a.blocks + b) * 8 + p];                                    \
+          sumi[j] = _mm256_sub_epi32(sumi[j],                                                                     \
+                                     _mm256_slli_epi32(_mm256_madd_epi16(pair, _mm256_set1_epi32(sums)), 5));     \
+        }                                                                                                         \
+      }                                                                                                           \
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));                   \
+      for (int j = 0; j < kInputs; ++j) {                                                                         \
+        const __m256 da = _mm256_set1_ps(a.da[(j0 + j) * a.blocks + b]);                                          \
+        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[j]), _mm256_mul_ps(dw, da), acc[j]);                     \
+      }                                                                                                           \
+    }                                                                                                             \
+    for (int j = 0; j < kInputs; ++j) _mm256_storeu_ps(y + (j0 + j) * ldy, acc[j]);                               \
+  }
+
+KVPIPE_INTERLEAVED_Q6K_TILE(q6k_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, Q6Avx2)
+KVPIPE_INTERLEAVED_Q6K_TILE(q6k_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, Q6Vnni)
+
+// Each input keeps a super-block sum and an accumulator: 2 inputs beside the 4 value vectors,
+// the scales and the masks fill AVX2's 16 registers, 4 AVX-512's 32.
+KVPIPE_INTERLEAVED_AVX2 void q6k_group_avx2(const uint8_t* wg, const SuperActivations& a, int64_t n, float* y,
+                                            int64_t ldy) {
+  int64_t j = 0;
+  for (; j + 2 <= n; j += 2) q6k_inputs_avx2<2>(wg, a, j, y, ldy);
+  if (j < n) q6k_inputs_avx2<1>(wg, a, j, y, ldy);
+}
+
+KVPIPE_INTERLEAVED_VNNI void q6k_group_vnni(const uint8_t* wg, const SuperActivations& a, int64_t n, float* y,
+                                            int64_t ldy) {
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) q6k_inputs_vnni<4>(wg, a, j, y, ldy);
+  switch (n - j) {
+    case 3: q6k_inputs_vnni<3>(wg, a, j, y, ldy); break;
+    case 2: q6k_inputs_vnni<2>(wg, a, j, y, ldy); break;
+    case 1: q6k_inputs_vnni<1>(wg, a, j, y, ldy); break;
+    default: break;
+  }
+}
+
 }  // namespace
+
+void q6_k_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
+               int64_t ldy) {
+  const int64_t group_bytes = a.blocks * kQ6KGroupBlockBytes;
+  for (int64_t g = g_begin; g < g_end; ++g) q6k_group_avx2(w + g * group_bytes, a, n, y + g * kGroupRows, ldy);
+}
+
+void q6_k_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n,
+                     float* y, int64_t ldy) {
+  const int64_t group_bytes = a.blocks * kQ6KGroupBlockBytes;
+  for (int64_t g = g_begin; g < g_end; ++g) q6k_group_vnni(w + g * group_bytes, a, n, y + g * kGroupRows, ldy);
+}
 
 void q4_0_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
                int64_t ldy) {
