@@ -15,6 +15,7 @@
 #include <cstring>
 #include <random>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 namespace kvpipe {
@@ -43,6 +44,42 @@ TEST(ThreadPool, EveryIndexOnceForAnyThreadCount) {
         EXPECT_LE(calls.load(), threads);
       }
     }
+  }
+  pool.set_threads(1);
+}
+
+// parallel_chunks: every index once, every piece on whole chunks, whichever thread takes it;
+// from inside a task, and from two threads at once (one of them then runs alone), the same.
+TEST(ThreadPool, ChunksCoverEveryIndexOnce) {
+  ThreadPool& pool = ThreadPool::instance();
+  auto check = [&](int64_t n, int64_t chunk) {
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+    pool.parallel_chunks(n, chunk, [&](int64_t b, int64_t e) {
+      EXPECT_LT(b, e);
+      EXPECT_EQ(b % chunk, 0);
+      if (e < n) {
+        EXPECT_EQ(e % chunk, 0);
+      }
+      for (int64_t i = b; i < e; ++i) ++hits[i];
+    });
+    for (int64_t i = 0; i < n; ++i)
+      if (hits[i].load() != 1) return ::testing::AssertionFailure() << "n " << n << " chunk " << chunk << " index " << i;
+    return ::testing::AssertionSuccess();
+  };
+  for (const int threads : {1, 2, 3}) {
+    pool.set_threads(threads);
+    for (const int64_t n : {1, 5, 64, 1000})
+      for (const int64_t chunk : {1, 4, 7, 16}) ASSERT_TRUE(check(n, chunk)) << threads << " threads";
+    std::atomic<int> nested_ok{0};
+    pool.parallel_for(4, 1, [&](int64_t, int64_t) { nested_ok += check(100, 3) ? 1 : 0; });
+    EXPECT_EQ(nested_ok.load(), std::min(threads, 4));
+    std::atomic<int> concurrent_ok{0};
+    std::thread other([&] {
+      for (int i = 0; i < 200; ++i) concurrent_ok += check(257, 5) ? 1 : 0;
+    });
+    for (int i = 0; i < 200; ++i) concurrent_ok += check(300, 8) ? 1 : 0;
+    other.join();
+    EXPECT_EQ(concurrent_ok.load(), 400);
   }
   pool.set_threads(1);
 }

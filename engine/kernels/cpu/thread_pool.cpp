@@ -1,5 +1,6 @@
 #include "engine/kernels/cpu/thread_pool.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -148,6 +149,27 @@ void ThreadPool::parallel_for(int64_t n, int64_t align, const std::function<void
     const int64_t begin = units * index / used * align;
     const int64_t end = std::min(n, units * (index + 1) / used * align);
     if (begin < end) fn(begin, end);
+  });
+}
+
+void ThreadPool::parallel_chunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  if (chunk < 1) chunk = 1;
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  if (chunks <= 1 || state_ == nullptr || t_in_task) {
+    fn(0, n);
+    return;
+  }
+  // Three quarters of the chunks in one contiguous run per thread (one stream each, as
+  // parallel_for), the rest handed out in turn to whichever thread is free.
+  const int64_t own = chunks * 3 / 4 / threads_;
+  std::atomic<int64_t> next{own * threads_};
+  run_on_all([&](int index, int count) {
+    if (count != threads_) return fn(0, n);  // run_on_all ran it on this thread alone
+    if (own > 0) fn(index * own * chunk, std::min(n, (index + 1) * own * chunk));
+    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
+         c = next.fetch_add(1, std::memory_order_relaxed))
+      fn(c * chunk, std::min(n, (c + 1) * chunk));
   });
 }
 

@@ -4,7 +4,8 @@
 // hand-off must cost about a microsecond: workers spin on a generation counter for a short
 // while after each task (then sleep on a condition variable) and the calling thread takes a
 // share of every task itself. Work is split into one contiguous range per thread (the
-// memory-bound kernels want one sequential stream per core). A parallel_for inside a task, or
+// memory-bound kernels want one sequential stream per core), or, for kernels that do not care
+// how their work is split, into chunks taken in turn. A parallel_for inside a task, or
 // from another thread while one is in flight, runs inline on the caller. Threads are created
 // once (set_threads) and inherit the affinity of the thread that creates them.
 #pragma once
@@ -28,6 +29,12 @@ class ThreadPool {
   // rethrown on the caller (the first one).
   void parallel_for(int64_t n, int64_t align, const std::function<void(int64_t, int64_t)>& fn);
 
+  // fn(begin, end) over [0, n) in pieces of `chunk` (the last one shorter), each handed to the
+  // next thread that is free, in order. For kernels whose result does not depend on the split:
+  // the two cores of a machine do not always run at one speed (a guest's cores share their host
+  // with others), and with one fixed range each the step waits for the slower one.
+  void parallel_chunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn);
+
   // fn(thread_index, thread_count) once on each of the pool's threads.
   void run_on_all(const std::function<void(int, int)>& fn);
 
@@ -43,6 +50,11 @@ class ThreadPool {
 // ThreadPool::instance().parallel_for.
 inline void parallel_rows(int64_t n, int64_t align, const std::function<void(int64_t, int64_t)>& fn) {
   ThreadPool::instance().parallel_for(n, align, fn);
+}
+
+// ThreadPool::instance().parallel_chunks.
+inline void parallel_chunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn) {
+  ThreadPool::instance().parallel_chunks(n, chunk, fn);
 }
 
 }  // namespace kvpipe
