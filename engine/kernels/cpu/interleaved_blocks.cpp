@@ -116,73 +116,78 @@ void require_groups(QuantType type, int64_t rows, int64_t cols, const char* what
 
 namespace interleaved_impl {
 
-// The reference order of operations every vector kernel reproduces (interleaved_blocks.h).
-void q4_0_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
-                   int64_t ldy) {
-  const int64_t group_bytes = a.blocks * kQ4_0GroupBlockBytes;
+namespace {
+
+// The portable kernels' loops: for each group and input, the 8 rows' float sums over the
+// blocks, block(wb, j, b, acc) adding block b of the group (at wb) for input j.
+template <typename Block>
+void portable_groups(const uint8_t* w, int64_t g_begin, int64_t g_end, int64_t group_block_bytes, int64_t blocks,
+                     int64_t n, float* y, int64_t ldy, const Block& block) {
   for (int64_t g = g_begin; g < g_end; ++g) {
-    const uint8_t* wg = w + g * group_bytes;
+    const uint8_t* wg = w + g * blocks * group_block_bytes;
     for (int64_t j = 0; j < n; ++j) {
-      const uint8_t* xr = a.x + j * a.x_stride;
       float acc[kGroupRows] = {};
-      for (int64_t b = 0; b < a.blocks; ++b) {
-        const uint8_t* wb = wg + b * kQ4_0GroupBlockBytes;
-        const uint8_t* q = wb + 2 * kGroupRows;
-        const auto* xq = reinterpret_cast<const int8_t*>(xr + b * kQ8_0ActivationBytes + 2);
-        const float da = a.da[j * a.blocks + b];
-        for (int64_t i = 0; i < kGroupRows; ++i) {
-          int32_t sum = 0;
-          for (int k = 0; k < 4; ++k)
-            for (int t = 0; t < 4; ++t) {
-              const uint8_t byte = q[32 * k + 4 * i + t];
-              sum += static_cast<int32_t>(byte & 0x0f) * xq[4 * k + t] + static_cast<int32_t>(byte >> 4) * xq[16 + 4 * k + t];
-            }
-          sum -= a.offset8[j * a.blocks + b];
-          const float scale = quant_impl::fp16_to_fp32(load_u16(wb + 2 * i)) * da;
-          acc[i] = std::fma(static_cast<float>(sum), scale, acc[i]);
-        }
-      }
+      for (int64_t b = 0; b < blocks; ++b) block(wg + b * group_block_bytes, j, b, acc);
       std::memcpy(y + j * ldy + g * kGroupRows, acc, sizeof acc);
     }
   }
 }
 
+// Sub-block s's int16 activation sum from a pair (low half even s, high half odd).
+int32_t pair_half(int32_t pair, int s) {
+  return s % 2 == 0 ? static_cast<int16_t>(pair & 0xffff) : static_cast<int16_t>(pair >> 16);
+}
+
+}  // namespace
+
+// The reference order of operations every vector kernel reproduces (interleaved_blocks.h).
+void q4_0_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
+                   int64_t ldy) {
+  portable_groups(w, g_begin, g_end, kQ4_0GroupBlockBytes, a.blocks, n, y, ldy,
+                  [&](const uint8_t* wb, int64_t j, int64_t b, float* acc) {
+                    const uint8_t* q = wb + 2 * kGroupRows;
+                    const auto* xq = reinterpret_cast<const int8_t*>(a.x + j * a.x_stride + b * kQ8_0ActivationBytes + 2);
+                    const float da = a.da[j * a.blocks + b];
+                    for (int64_t i = 0; i < kGroupRows; ++i) {
+                      int32_t sum = 0;
+                      for (int k = 0; k < 4; ++k)
+                        for (int t = 0; t < 4; ++t) {
+                          const uint8_t byte = q[32 * k + 4 * i + t];
+                          sum += static_cast<int32_t>(byte & 0x0f) * xq[4 * k + t] +
+                                 static_cast<int32_t>(byte >> 4) * xq[16 + 4 * k + t];
+                        }
+                      sum -= a.offset8[j * a.blocks + b];
+                      const float scale = quant_impl::fp16_to_fp32(load_u16(wb + 2 * i)) * da;
+                      acc[i] = std::fma(static_cast<float>(sum), scale, acc[i]);
+                    }
+                  });
+}
+
 void q4_k_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
                    int64_t ldy) {
-  const int64_t group_bytes = a.blocks * kQ4KGroupBlockBytes;
-  for (int64_t g = g_begin; g < g_end; ++g) {
-    const uint8_t* wg = w + g * group_bytes;
-    for (int64_t j = 0; j < n; ++j) {
-      const uint8_t* xr = a.x + j * a.x_stride;
-      float acc[kGroupRows] = {};
-      for (int64_t b = 0; b < a.blocks; ++b) {
-        const uint8_t* wb = wg + b * kQ4KGroupBlockBytes;
-        const auto* xq = reinterpret_cast<const int8_t*>(xr + b * kQ8KActivationBytes + 4);
-        const int32_t* pairs = a.sum_pairs + (j * a.blocks + b) * 4;
-        const float da = a.da[j * a.blocks + b];
-        for (int64_t i = 0; i < kGroupRows; ++i) {
-          int32_t sumi = 0, summ = 0;
-          for (int s = 0; s < 8; ++s) {
-            int32_t isum = 0;
-            const int jj = s / 2, shift = 4 * (s % 2);
-            for (int k = 0; k < 8; ++k)
-              for (int t = 0; t < 4; ++t)
-                isum += static_cast<int32_t>((wb[kQ4KQs + 256 * jj + 32 * k + 4 * i + t] >> shift) & 0x0f) *
-                        xq[32 * s + 4 * k + t];
-            sumi += static_cast<int32_t>(wb[kQ4KScales + 8 * s + i]) * isum;
-            const int32_t pair = pairs[s / 2];
-            const int32_t bsum = s % 2 == 0 ? static_cast<int16_t>(pair & 0xffff) : static_cast<int16_t>(pair >> 16);
-            summ += static_cast<int32_t>(wb[kQ4KMins + 16 * (s / 2) + 2 * i + s % 2]) * bsum;
-          }
-          const float scale_d = quant_impl::fp16_to_fp32(load_u16(wb + 2 * i)) * da;
-          const float scale_m = quant_impl::fp16_to_fp32(load_u16(wb + 16 + 2 * i)) * da;
-          acc[i] = std::fma(static_cast<float>(sumi), scale_d, acc[i]);
-          acc[i] = std::fma(-static_cast<float>(summ), scale_m, acc[i]);
-        }
-      }
-      std::memcpy(y + j * ldy + g * kGroupRows, acc, sizeof acc);
-    }
-  }
+  portable_groups(w, g_begin, g_end, kQ4KGroupBlockBytes, a.blocks, n, y, ldy,
+                  [&](const uint8_t* wb, int64_t j, int64_t b, float* acc) {
+                    const auto* xq = reinterpret_cast<const int8_t*>(a.x + j * a.x_stride + b * kQ8KActivationBytes + 4);
+                    const int32_t* pairs = a.sum_pairs + (j * a.blocks + b) * 4;
+                    const float da = a.da[j * a.blocks + b];
+                    for (int64_t i = 0; i < kGroupRows; ++i) {
+                      int32_t sumi = 0, summ = 0;
+                      for (int s = 0; s < 8; ++s) {
+                        int32_t isum = 0;
+                        const int jj = s / 2, shift = 4 * (s % 2);
+                        for (int k = 0; k < 8; ++k)
+                          for (int t = 0; t < 4; ++t)
+                            isum += static_cast<int32_t>((wb[kQ4KQs + 256 * jj + 32 * k + 4 * i + t] >> shift) & 0x0f) *
+                                    xq[32 * s + 4 * k + t];
+                        sumi += static_cast<int32_t>(wb[kQ4KScales + 8 * s + i]) * isum;
+                        summ += static_cast<int32_t>(wb[kQ4KMins + 16 * (s / 2) + 2 * i + s % 2]) * pair_half(pairs[s / 2], s);
+                      }
+                      const float scale_d = quant_impl::fp16_to_fp32(load_u16(wb + 2 * i)) * da;
+                      const float scale_m = quant_impl::fp16_to_fp32(load_u16(wb + 16 + 2 * i)) * da;
+                      acc[i] = std::fma(static_cast<float>(sumi), scale_d, acc[i]);
+                      acc[i] = std::fma(-static_cast<float>(summ), scale_m, acc[i]);
+                    }
+                  });
 }
 
 // Per row and super-block: the integer sum over the 16 sub-blocks of scale * (u . x), less 32
@@ -190,37 +195,27 @@ void q4_k_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const Super
 // 16 * 128 * 16 * 63 * 128 + 32 * 16 * 128 * 16 * 128), then one float term.
 void q6_k_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
                    int64_t ldy) {
-  const int64_t group_bytes = a.blocks * kQ6KGroupBlockBytes;
-  for (int64_t g = g_begin; g < g_end; ++g) {
-    const uint8_t* wg = w + g * group_bytes;
-    for (int64_t j = 0; j < n; ++j) {
-      const uint8_t* xr = a.x + j * a.x_stride;
-      float acc[kGroupRows] = {};
-      for (int64_t b = 0; b < a.blocks; ++b) {
-        const uint8_t* wb = wg + b * kQ6KGroupBlockBytes;
-        const auto* xq = reinterpret_cast<const int8_t*>(xr + b * kQ8KActivationBytes + 4);
-        const int32_t* pairs = a.sum_pairs + (j * a.blocks + b) * 8;
-        const float da = a.da[j * a.blocks + b];
-        for (int64_t i = 0; i < kGroupRows; ++i) {
-          int32_t sumi = 0, summ = 0;
-          for (int s = 0; s < 16; ++s) {
-            const uint8_t* c = wb + kQ6KQs + kQ6KSubBlockBytes * s;
-            int32_t isum = 0;
-            for (int m = 0; m < 4; ++m)
-              for (int t = 0; t < 4; ++t) isum += static_cast<int32_t>(q6k_group_value(c, i, m, t)) * xq[16 * s + 4 * m + t];
-            const int32_t scale = static_cast<int8_t>(wb[kQ6KScales + 16 * (s / 2) + 2 * i + s % 2]);
-            const int32_t pair = pairs[s / 2];
-            const int32_t bsum = s % 2 == 0 ? static_cast<int16_t>(pair & 0xffff) : static_cast<int16_t>(pair >> 16);
-            sumi += scale * isum;
-            summ += scale * bsum;
-          }
-          const float scale_d = quant_impl::fp16_to_fp32(load_u16(wb + 2 * i)) * da;
-          acc[i] = std::fma(static_cast<float>(sumi - 32 * summ), scale_d, acc[i]);
-        }
-      }
-      std::memcpy(y + j * ldy + g * kGroupRows, acc, sizeof acc);
-    }
-  }
+  portable_groups(w, g_begin, g_end, kQ6KGroupBlockBytes, a.blocks, n, y, ldy,
+                  [&](const uint8_t* wb, int64_t j, int64_t b, float* acc) {
+                    const auto* xq = reinterpret_cast<const int8_t*>(a.x + j * a.x_stride + b * kQ8KActivationBytes + 4);
+                    const int32_t* pairs = a.sum_pairs + (j * a.blocks + b) * 8;
+                    const float da = a.da[j * a.blocks + b];
+                    for (int64_t i = 0; i < kGroupRows; ++i) {
+                      int32_t sumi = 0, summ = 0;
+                      for (int s = 0; s < 16; ++s) {
+                        const uint8_t* c = wb + kQ6KQs + kQ6KSubBlockBytes * s;
+                        int32_t isum = 0;
+                        for (int m = 0; m < 4; ++m)
+                          for (int t = 0; t < 4; ++t)
+                            isum += static_cast<int32_t>(q6k_group_value(c, i, m, t)) * xq[16 * s + 4 * m + t];
+                        const int32_t scale = static_cast<int8_t>(wb[kQ6KScales + 16 * (s / 2) + 2 * i + s % 2]);
+                        sumi += scale * isum;
+                        summ += scale * pair_half(pairs[s / 2], s);
+                      }
+                      const float scale_d = quant_impl::fp16_to_fp32(load_u16(wb + 2 * i)) * da;
+                      acc[i] = std::fma(static_cast<float>(sumi - 32 * summ), scale_d, acc[i]);
+                    }
+                  });
 }
 
 }  // namespace interleaved_impl
@@ -428,13 +423,18 @@ void matmul_q4_0(InterleaveIsa isa, const uint8_t* x, int64_t x_stride, int64_t 
   run_groups(isa, kQ4_0Kernels, a, prepare, w, rows, n, y, ldy);
 }
 
-void matmul_q4_k(InterleaveIsa isa, const uint8_t* x, int64_t x_stride, int64_t n, const uint8_t* w, int64_t rows,
-                 int64_t cols, float* y, int64_t ldy) {
+// Q8_K activations for the super-block types: each block's scale, and `pairs` int32 of its
+// sub-blocks' value sums, written by fill_pairs(block, out) (Q4_K: 4 pairs of 32-value sums,
+// Q6_K: 8 pairs of 16-value ones).
+template <typename FillPairs>
+void matmul_super(InterleaveIsa isa, const GroupKernels<SuperActivations>& kernels, int64_t pairs,
+                  const FillPairs& fill_pairs, const uint8_t* x, int64_t x_stride, int64_t n, const uint8_t* w,
+                  int64_t rows, int64_t cols, float* y, int64_t ldy) {
   const int64_t blocks = cols / 256;
   thread_local std::vector<float> da;
   thread_local std::vector<int32_t> sum_pairs;
   da.resize(static_cast<size_t>(n * blocks));
-  sum_pairs.resize(da.size() * 4);
+  sum_pairs.resize(da.size() * static_cast<size_t>(pairs));
   SuperActivations a;
   a.x = x;
   a.x_stride = x_stride;
@@ -448,45 +448,32 @@ void matmul_q4_k(InterleaveIsa isa, const uint8_t* x, int64_t x_stride, int64_t 
       for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t* block = x + j * x_stride + b * kQ8KActivationBytes;
         std::memcpy(&da_data[j * blocks + b], block, sizeof(float));
-        int16_t bsums[16];
-        std::memcpy(bsums, block + 4 + 256, sizeof bsums);
-        for (int p = 0; p < 4; ++p) {
-          // Sub-blocks 2p and 2p + 1, each the sum of two 16-value sums (at most 32 * 127).
-          const int32_t lo = bsums[4 * p] + bsums[4 * p + 1], hi = bsums[4 * p + 2] + bsums[4 * p + 3];
-          pair_data[(j * blocks + b) * 4 + p] =
-              static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(lo)) |
-                                   static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16);
-        }
+        fill_pairs(block, &pair_data[(j * blocks + b) * pairs]);
       }
   };
-  run_groups(isa, kQ4KKernels, a, prepare, w, rows, n, y, ldy);
+  run_groups(isa, kernels, a, prepare, w, rows, n, y, ldy);
+}
+
+void matmul_q4_k(InterleaveIsa isa, const uint8_t* x, int64_t x_stride, int64_t n, const uint8_t* w, int64_t rows,
+                 int64_t cols, float* y, int64_t ldy) {
+  const auto fill = [](const uint8_t* block, int32_t* out) {
+    int16_t bsums[16];
+    std::memcpy(bsums, block + 4 + 256, sizeof bsums);
+    for (int p = 0; p < 4; ++p) {
+      // Sub-blocks 2p and 2p + 1, each the sum of two 16-value sums (at most 32 * 127).
+      const int32_t lo = bsums[4 * p] + bsums[4 * p + 1], hi = bsums[4 * p + 2] + bsums[4 * p + 3];
+      out[p] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(lo)) |
+                                    static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16);
+    }
+  };
+  matmul_super(isa, kQ4KKernels, 4, fill, x, x_stride, n, w, rows, cols, y, ldy);
 }
 
 void matmul_q6_k(InterleaveIsa isa, const uint8_t* x, int64_t x_stride, int64_t n, const uint8_t* w, int64_t rows,
                  int64_t cols, float* y, int64_t ldy) {
-  const int64_t blocks = cols / 256;
-  thread_local std::vector<float> da;
-  thread_local std::vector<int32_t> sum_pairs;
-  da.resize(static_cast<size_t>(n * blocks));
-  sum_pairs.resize(da.size() * 8);
-  SuperActivations a;
-  a.x = x;
-  a.x_stride = x_stride;
-  a.da = da.data();
-  a.sum_pairs = sum_pairs.data();
-  a.blocks = blocks;
-  float* da_data = da.data();
-  int32_t* pair_data = sum_pairs.data();
-  auto prepare = [&](int64_t j_begin, int64_t j_end) {
-    for (int64_t j = j_begin; j < j_end; ++j)
-      for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* block = x + j * x_stride + b * kQ8KActivationBytes;
-        std::memcpy(&da_data[j * blocks + b], block, sizeof(float));
-        // The 16-value sums as they are: two int16 side by side make one pair.
-        std::memcpy(&pair_data[(j * blocks + b) * 8], block + 4 + 256, 32);
-      }
-  };
-  run_groups(isa, kQ6KKernels, a, prepare, w, rows, n, y, ldy);
+  // The 16-value sums as they are: two int16 side by side make one pair.
+  const auto fill = [](const uint8_t* block, int32_t* out) { std::memcpy(out, block + 4 + 256, 32); };
+  matmul_super(isa, kQ6KKernels, 8, fill, x, x_stride, n, w, rows, cols, y, ldy);
 }
 
 }  // namespace

@@ -162,7 +162,7 @@ struct SuperVnni {
 
 #define KVPIPE_INTERLEAVED_SUPER_TILE(NAME, ATTR, OPS)                                                             \
   template <int kInputs>                                                                                          \
-  ATTR void NAME(const uint8_t* wg, const SuperActivations& a, int64_t j0, float* y, int64_t ldy) {               \
+  struct NAME { ATTR static void run(const uint8_t* wg, const SuperActivations& a, int64_t j0, float* y, int64_t ldy) {               \
     const __m256i mask = _mm256_set1_epi8(0x0f);                                                                  \
     __m256 acc[kInputs];                                                                                          \
     const uint8_t* xr[kInputs];                                                                                   \
@@ -213,31 +213,10 @@ struct SuperVnni {
       }                                                                                                           \
     }                                                                                                             \
     for (int j = 0; j < kInputs; ++j) _mm256_storeu_ps(y + (j0 + j) * ldy, acc[j]);                               \
-  }
+  } };
 
 KVPIPE_INTERLEAVED_SUPER_TILE(super_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, SuperAvx2)
 KVPIPE_INTERLEAVED_SUPER_TILE(super_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, SuperVnni)
-
-// Each input keeps two sub-block sums, a super-block sum and an accumulator: 2 inputs fill
-// AVX2's 16 registers, 4 AVX-512's 32.
-KVPIPE_INTERLEAVED_AVX2 void super_group_avx2(const uint8_t* wg, const SuperActivations& a, int64_t n, float* y,
-                                              int64_t ldy) {
-  int64_t j = 0;
-  for (; j + 2 <= n; j += 2) super_inputs_avx2<2>(wg, a, j, y, ldy);
-  if (j < n) super_inputs_avx2<1>(wg, a, j, y, ldy);
-}
-
-KVPIPE_INTERLEAVED_VNNI void super_group_vnni(const uint8_t* wg, const SuperActivations& a, int64_t n, float* y,
-                                              int64_t ldy) {
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) super_inputs_vnni<4>(wg, a, j, y, ldy);
-  switch (n - j) {
-    case 3: super_inputs_vnni<3>(wg, a, j, y, ldy); break;
-    case 2: super_inputs_vnni<2>(wg, a, j, y, ldy); break;
-    case 1: super_inputs_vnni<1>(wg, a, j, y, ldy); break;
-    default: break;
-  }
-}
 
 // ---- Q6_K ----------------------------------------------------------------------------------
 // Per super-block of a group and input: each 16-value sub-block's 8 row sums times the rows'
@@ -269,7 +248,7 @@ struct Q6Vnni {
 
 #define KVPIPE_INTERLEAVED_Q6K_TILE(NAME, ATTR, OPS)                                                               \
   template <int kInputs>                                                                                          \
-  ATTR void NAME(const uint8_t* wg, const SuperActivations& a, int64_t j0, float* y, int64_t ldy) {               \
+  struct NAME { ATTR static void run(const uint8_t* wg, const SuperActivations& a, int64_t j0, float* y, int64_t ldy) {               \
     const __m256i low4 = _mm256_set1_epi8(0x0f), high2 = _mm256_set1_epi8(0x30);                                  \
     __m256 acc[kInputs];                                                                                          \
     const uint8_t* xr[kInputs];                                                                                   \
@@ -318,29 +297,40 @@ struct Q6Vnni {
       }                                                                                                           \
     }                                                                                                             \
     for (int j = 0; j < kInputs; ++j) _mm256_storeu_ps(y + (j0 + j) * ldy, acc[j]);                               \
-  }
+  } };
 
 KVPIPE_INTERLEAVED_Q6K_TILE(q6k_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, Q6Avx2)
 KVPIPE_INTERLEAVED_Q6K_TILE(q6k_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, Q6Vnni)
 
-// Each input keeps a super-block sum and an accumulator: 2 inputs beside the 4 value vectors,
-// the scales and the masks fill AVX2's 16 registers, 4 AVX-512's 32.
-KVPIPE_INTERLEAVED_AVX2 void q6k_group_avx2(const uint8_t* wg, const SuperActivations& a, int64_t n, float* y,
-                                            int64_t ldy) {
-  int64_t j = 0;
-  for (; j + 2 <= n; j += 2) q6k_inputs_avx2<2>(wg, a, j, y, ldy);
-  if (j < n) q6k_inputs_avx2<1>(wg, a, j, y, ldy);
+// Groups [g_begin, g_end) of a super-block type, its inputs in tiles (Tile<k>::run, k inputs
+// each). An input keeps at least a super-block sum and an accumulator beside the block's value
+// vectors: 2 inputs fill AVX2's 16 registers, 4 AVX-512's 32.
+template <template <int> class Tile>
+KVPIPE_INTERLEAVED_AVX2 void super_groups_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, int64_t group_bytes,
+                                               const SuperActivations& a, int64_t n, float* y, int64_t ldy) {
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    const uint8_t* wg = w + g * group_bytes;
+    float* yg = y + g * kGroupRows;
+    int64_t j = 0;
+    for (; j + 2 <= n; j += 2) Tile<2>::run(wg, a, j, yg, ldy);
+    if (j < n) Tile<1>::run(wg, a, j, yg, ldy);
+  }
 }
 
-KVPIPE_INTERLEAVED_VNNI void q6k_group_vnni(const uint8_t* wg, const SuperActivations& a, int64_t n, float* y,
-                                            int64_t ldy) {
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) q6k_inputs_vnni<4>(wg, a, j, y, ldy);
-  switch (n - j) {
-    case 3: q6k_inputs_vnni<3>(wg, a, j, y, ldy); break;
-    case 2: q6k_inputs_vnni<2>(wg, a, j, y, ldy); break;
-    case 1: q6k_inputs_vnni<1>(wg, a, j, y, ldy); break;
-    default: break;
+template <template <int> class Tile>
+KVPIPE_INTERLEAVED_VNNI void super_groups_vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, int64_t group_bytes,
+                                               const SuperActivations& a, int64_t n, float* y, int64_t ldy) {
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    const uint8_t* wg = w + g * group_bytes;
+    float* yg = y + g * kGroupRows;
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) Tile<4>::run(wg, a, j, yg, ldy);
+    switch (n - j) {
+      case 3: Tile<3>::run(wg, a, j, yg, ldy); break;
+      case 2: Tile<2>::run(wg, a, j, yg, ldy); break;
+      case 1: Tile<1>::run(wg, a, j, yg, ldy); break;
+      default: break;
+    }
   }
 }
 
@@ -348,14 +338,12 @@ KVPIPE_INTERLEAVED_VNNI void q6k_group_vnni(const uint8_t* wg, const SuperActiva
 
 void q6_k_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
                int64_t ldy) {
-  const int64_t group_bytes = a.blocks * kQ6KGroupBlockBytes;
-  for (int64_t g = g_begin; g < g_end; ++g) q6k_group_avx2(w + g * group_bytes, a, n, y + g * kGroupRows, ldy);
+  super_groups_avx2<q6k_inputs_avx2>(w, g_begin, g_end, a.blocks * kQ6KGroupBlockBytes, a, n, y, ldy);
 }
 
 void q6_k_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n,
                      float* y, int64_t ldy) {
-  const int64_t group_bytes = a.blocks * kQ6KGroupBlockBytes;
-  for (int64_t g = g_begin; g < g_end; ++g) q6k_group_vnni(w + g * group_bytes, a, n, y + g * kGroupRows, ldy);
+  super_groups_vnni<q6k_inputs_vnni>(w, g_begin, g_end, a.blocks * kQ6KGroupBlockBytes, a, n, y, ldy);
 }
 
 void q4_0_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
@@ -372,14 +360,12 @@ void q4_0_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const Act
 
 void q4_k_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
                int64_t ldy) {
-  const int64_t group_bytes = a.blocks * kQ4KGroupBlockBytes;
-  for (int64_t g = g_begin; g < g_end; ++g) super_group_avx2(w + g * group_bytes, a, n, y + g * kGroupRows, ldy);
+  super_groups_avx2<super_inputs_avx2>(w, g_begin, g_end, a.blocks * kQ4KGroupBlockBytes, a, n, y, ldy);
 }
 
 void q4_k_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n,
                      float* y, int64_t ldy) {
-  const int64_t group_bytes = a.blocks * kQ4KGroupBlockBytes;
-  for (int64_t g = g_begin; g < g_end; ++g) super_group_vnni(w + g * group_bytes, a, n, y + g * kGroupRows, ldy);
+  super_groups_vnni<super_inputs_vnni>(w, g_begin, g_end, a.blocks * kQ4KGroupBlockBytes, a, n, y, ldy);
 }
 
 }  // namespace kvpipe::interleaved_impl
