@@ -1,4 +1,4 @@
-// interleaved_blocks (Q4_0, Q4_K, Q6_K): the layout holds every stored byte, every ISA's product
+// interleaved_blocks (Q4_0, Q8_0, Q4_K, Q6_K): the layout holds every stored byte, every ISA's product
 // matches a float64 one and the portable kernel bit for bit, and a WeightMatrix repacked at load computes, looks
 // up and dequantises as the stored one does.
 #include "engine/kernels/cpu/interleaved_blocks.h"
@@ -29,7 +29,7 @@ class InterleavedBlocks : public ::testing::TestWithParam<QuantType> {};
 // Every stored byte comes back, Q4_K's packed 6-bit scales and mins included.
 TEST_P(InterleavedBlocks, RepackKeepsEveryRowsBytes) {
   const QuantType type = GetParam();
-  const int64_t rows = 24, cols = type == QuantType::Q4_0 ? 320 : 768;
+  const int64_t rows = 24, cols = quant_traits(type).block_values == 32 ? 320 : 768;
   const std::vector<uint8_t> w = test::random_rows(type, rows, cols, 3);
   const int64_t row_bytes = quant_row_bytes(type, cols);
   std::vector<uint8_t> packed(static_cast<size_t>(rows * interleaved_row_bytes(type, cols)));
@@ -41,7 +41,7 @@ TEST_P(InterleavedBlocks, RepackKeepsEveryRowsBytes) {
     ASSERT_EQ(0, std::memcmp(row.data(), w.data() + r * row_bytes, static_cast<size_t>(row_bytes))) << "row " << r;
   }
   EXPECT_THROW(interleave_rows(type, w.data(), 12, cols, packed.data()), std::invalid_argument);
-  EXPECT_THROW(interleave_rows(QuantType::Q8_0, w.data(), 8, 256, packed.data()), std::invalid_argument);
+  EXPECT_THROW(interleave_rows(QuantType::Q5_0, w.data(), 8, 256, packed.data()), std::invalid_argument);
 }
 
 // Within float32 rounding of the float64 product; every ISA that runs here equal to the
@@ -55,7 +55,7 @@ TEST_P(InterleavedBlocks, EveryIsaMatchesFloat64AndThePortableKernelExactly) {
   std::mt19937 gen(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const std::vector<int64_t> widths =
-      type == QuantType::Q4_0 ? std::vector<int64_t>{32, 576, 1024} : std::vector<int64_t>{256, 1024, 2816};
+      quant_traits(type).block_values == 32 ? std::vector<int64_t>{32, 576, 1024} : std::vector<int64_t>{256, 1024, 2816};
   for (const int64_t cols : widths) {
     const int64_t rows = 40;
     const std::vector<uint8_t> w = test::random_rows(type, rows, cols, 7 + static_cast<uint32_t>(cols));
@@ -136,7 +136,7 @@ TEST_P(InterleavedBlocks, RepackedMatrixComputesAsTheStoredOne) {
   EXPECT_EQ(dense.interleaved().storage_id(), dense.storage_id());
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, InterleavedBlocks, ::testing::Values(QuantType::Q4_0, QuantType::Q4_K, QuantType::Q6_K),
+INSTANTIATE_TEST_SUITE_P(Types, InterleavedBlocks, ::testing::Values(QuantType::Q4_0, QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K),
                          [](const ::testing::TestParamInfo<QuantType>& p) { return std::string(quant_name(p.param)); });
 
 }  // namespace

@@ -26,16 +26,18 @@ using interleaved_impl::kQ6KQs;
 using interleaved_impl::kQ6KScales;
 using interleaved_impl::kQ6KSubBlockBytes;
 using interleaved_impl::kQ8_0ActivationBytes;
+using interleaved_impl::kQ8_0GroupBlockBytes;
 using interleaved_impl::kQ8KActivationBytes;
 using interleaved_impl::SuperActivations;
 
 namespace {
 
 constexpr int64_t kQ4_0Bytes = 18;  // fp16 d, then 16 bytes of nibbles
+constexpr int64_t kQ8_0Bytes = 34;  // fp16 d, then 32 signed bytes
 constexpr int64_t kQ4KBytes = 144;  // fp16 d and dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
 constexpr int64_t kQ6KBytes = 210;  // ql[128], qh[64], int8 scales[16], fp16 d
 
-int64_t block_values(QuantType type) { return type == QuantType::Q4_0 ? 32 : 256; }
+int64_t block_values(QuantType type) { return type == QuantType::Q4_0 || type == QuantType::Q8_0 ? 32 : 256; }
 
 // A stored Q6_K block's 256 values as 6-bit unsigned u = value + 32 (ggml's layout: each half
 // of 128 values takes 64 bytes of ql, low nibbles then high, and 32 of qh, two bits a value),
@@ -156,7 +158,24 @@ void q4_0_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activ
                           sum += static_cast<int32_t>(byte & 0x0f) * xq[4 * k + t] +
                                  static_cast<int32_t>(byte >> 4) * xq[16 + 4 * k + t];
                         }
-                      sum -= a.offset8[j * a.blocks + b];
+                      sum -= a.offset[j * a.blocks + b];
+                      const float scale = quant_impl::fp16_to_fp32(load_u16(wb + 2 * i)) * da;
+                      acc[i] = std::fma(static_cast<float>(sum), scale, acc[i]);
+                    }
+                  });
+}
+
+void q8_0_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
+                   int64_t ldy) {
+  portable_groups(w, g_begin, g_end, kQ8_0GroupBlockBytes, a.blocks, n, y, ldy,
+                  [&](const uint8_t* wb, int64_t j, int64_t b, float* acc) {
+                    const auto* q = reinterpret_cast<const int8_t*>(wb + 2 * kGroupRows);
+                    const auto* xq = reinterpret_cast<const int8_t*>(a.x + j * a.x_stride + b * kQ8_0ActivationBytes + 2);
+                    const float da = a.da[j * a.blocks + b];
+                    for (int64_t i = 0; i < kGroupRows; ++i) {
+                      int32_t sum = 0;
+                      for (int k = 0; k < 8; ++k)
+                        for (int t = 0; t < 4; ++t) sum += static_cast<int32_t>(q[32 * k + 4 * i + t]) * xq[4 * k + t];
                       const float scale = quant_impl::fp16_to_fp32(load_u16(wb + 2 * i)) * da;
                       acc[i] = std::fma(static_cast<float>(sum), scale, acc[i]);
                     }
@@ -230,7 +249,7 @@ const char* interleave_isa_name(InterleaveIsa isa) {
 }
 
 bool interleave_supports(QuantType type) {
-  return type == QuantType::Q4_0 || type == QuantType::Q4_K || type == QuantType::Q6_K;
+  return type == QuantType::Q4_0 || type == QuantType::Q8_0 || type == QuantType::Q4_K || type == QuantType::Q6_K;
 }
 
 int64_t interleaved_row_bytes(QuantType type, int64_t cols) {
@@ -275,6 +294,11 @@ void interleave_rows(QuantType type, const uint8_t* src, int64_t rows, int64_t c
           uint8_t* out = group + b * kQ4_0GroupBlockBytes;
           std::memcpy(out + 2 * i, block, 2);
           for (int k = 0; k < 4; ++k) std::memcpy(out + 2 * kGroupRows + 32 * k + 4 * i, block + 2 + 4 * k, 4);
+        } else if (type == QuantType::Q8_0) {
+          const uint8_t* block = row + b * kQ8_0Bytes;
+          uint8_t* out = group + b * kQ8_0GroupBlockBytes;
+          std::memcpy(out + 2 * i, block, 2);
+          for (int k = 0; k < 8; ++k) std::memcpy(out + 2 * kGroupRows + 32 * k + 4 * i, block + 2 + 4 * k, 4);
         } else if (type == QuantType::Q6_K) {
           const uint8_t* block = row + b * kQ6KBytes;
           uint8_t* out = group + b * kQ6KGroupBlockBytes;
@@ -323,6 +347,11 @@ void deinterleave_row(QuantType type, const uint8_t* src, int64_t r, int64_t col
       uint8_t* block = row + b * kQ4_0Bytes;
       std::memcpy(block, in + 2 * i, 2);
       for (int k = 0; k < 4; ++k) std::memcpy(block + 2 + 4 * k, in + 2 * kGroupRows + 32 * k + 4 * i, 4);
+    } else if (type == QuantType::Q8_0) {
+      const uint8_t* in = group + b * kQ8_0GroupBlockBytes;
+      uint8_t* block = row + b * kQ8_0Bytes;
+      std::memcpy(block, in + 2 * i, 2);
+      for (int k = 0; k < 8; ++k) std::memcpy(block + 2 + 4 * k, in + 2 * kGroupRows + 32 * k + 4 * i, 4);
     } else if (type == QuantType::Q6_K) {
       const uint8_t* in = group + b * kQ6KGroupBlockBytes;
       uint8_t* block = row + b * kQ6KBytes;
@@ -382,33 +411,38 @@ void run_groups(InterleaveIsa isa, const GroupKernels<Acts>& kernels, const Acts
 #if defined(__x86_64__)
 const GroupKernels<Activations> kQ4_0Kernels = {interleaved_impl::q4_0_portable, interleaved_impl::q4_0_avx2,
                                                 interleaved_impl::q4_0_avx512vnni};
+const GroupKernels<Activations> kQ8_0Kernels = {interleaved_impl::q8_0_portable, interleaved_impl::q8_0_avx2,
+                                                interleaved_impl::q8_0_avx512vnni};
 const GroupKernels<SuperActivations> kQ4KKernels = {interleaved_impl::q4_k_portable, interleaved_impl::q4_k_avx2,
                                                     interleaved_impl::q4_k_avx512vnni};
 const GroupKernels<SuperActivations> kQ6KKernels = {interleaved_impl::q6_k_portable, interleaved_impl::q6_k_avx2,
                                                     interleaved_impl::q6_k_avx512vnni};
 #else
 const GroupKernels<Activations> kQ4_0Kernels = {interleaved_impl::q4_0_portable, nullptr, nullptr};
+const GroupKernels<Activations> kQ8_0Kernels = {interleaved_impl::q8_0_portable, nullptr, nullptr};
 const GroupKernels<SuperActivations> kQ4KKernels = {interleaved_impl::q4_k_portable, nullptr, nullptr};
 const GroupKernels<SuperActivations> kQ6KKernels = {interleaved_impl::q6_k_portable, nullptr, nullptr};
 #endif
 
 // The activations' per-block terms live in buffers of the calling thread, reached by the
 // pool's threads through the pointers.
-void matmul_q4_0(InterleaveIsa isa, const uint8_t* x, int64_t x_stride, int64_t n, const uint8_t* w, int64_t rows,
-                 int64_t cols, float* y, int64_t ldy) {
+// Q8_0 activations for the 32-value block types: each block's scale, and its value sum times
+// `offset` (the weights' unsigned offset the kernels take back out).
+void matmul_blocks(InterleaveIsa isa, const GroupKernels<Activations>& kernels, int32_t offset, const uint8_t* x,
+                   int64_t x_stride, int64_t n, const uint8_t* w, int64_t rows, int64_t cols, float* y, int64_t ldy) {
   const int64_t blocks = cols / 32;
   thread_local std::vector<float> da;
-  thread_local std::vector<int32_t> offset8;
+  thread_local std::vector<int32_t> offsets;
   da.resize(static_cast<size_t>(n * blocks));
-  offset8.resize(da.size());
+  offsets.resize(da.size());
   Activations a;
   a.x = x;
   a.x_stride = x_stride;
   a.da = da.data();
-  a.offset8 = offset8.data();
+  a.offset = offsets.data();
   a.blocks = blocks;
   float* da_data = da.data();
-  int32_t* offset_data = offset8.data();
+  int32_t* offset_data = offsets.data();
   auto prepare = [&](int64_t j_begin, int64_t j_end) {
     for (int64_t j = j_begin; j < j_end; ++j)
       for (int64_t b = 0; b < blocks; ++b) {
@@ -417,10 +451,10 @@ void matmul_q4_0(InterleaveIsa isa, const uint8_t* x, int64_t x_stride, int64_t 
         int32_t sum = 0;
         for (int t = 0; t < 32; ++t) sum += q[t];
         da_data[j * blocks + b] = quant_impl::fp16_to_fp32(load_u16(block));
-        offset_data[j * blocks + b] = 8 * sum;
+        offset_data[j * blocks + b] = offset * sum;
       }
   };
-  run_groups(isa, kQ4_0Kernels, a, prepare, w, rows, n, y, ldy);
+  run_groups(isa, kernels, a, prepare, w, rows, n, y, ldy);
 }
 
 // Q8_K activations for the super-block types: each block's scale, and `pairs` int32 of its
@@ -486,7 +520,8 @@ void interleaved_matmul(InterleaveIsa isa, const uint8_t* x, int64_t x_stride, i
                                 " does not run on this processor");
   require_groups(type, rows, cols, "interleaved_matmul");
   if (n <= 0 || rows == 0) return;
-  if (type == QuantType::Q4_0) return matmul_q4_0(isa, x, x_stride, n, w, rows, cols, y, ldy);
+  if (type == QuantType::Q4_0) return matmul_blocks(isa, kQ4_0Kernels, 8, x, x_stride, n, w, rows, cols, y, ldy);
+  if (type == QuantType::Q8_0) return matmul_blocks(isa, kQ8_0Kernels, 128, x, x_stride, n, w, rows, cols, y, ldy);
   if (type == QuantType::Q6_K) return matmul_q6_k(isa, x, x_stride, n, w, rows, cols, y, ldy);
   matmul_q4_k(isa, x, x_stride, n, w, rows, cols, y, ldy);
 }

@@ -10,6 +10,7 @@ namespace kvpipe::interleaved_impl {
 
 constexpr int64_t kGroupRows = 8;
 constexpr int64_t kQ4_0GroupBlockBytes = 8 * 18;  // 8 fp16 scales, then 8 rows' 16 nibble bytes
+constexpr int64_t kQ8_0GroupBlockBytes = 8 * 34;  // 8 fp16 scales, then 8 rows' 32 signed bytes
 constexpr int64_t kQ8_0ActivationBytes = 34;      // fp16 d_x, then 32 signed bytes
 constexpr int64_t kQ4KGroupBlockBytes = 8 * 148;  // d, dmin, sc, mn, then 8 rows' 128 nibble bytes
 constexpr int64_t kQ4KScales = 32, kQ4KMins = 96, kQ4KQs = 160;  // offsets in a group super-block
@@ -19,13 +20,14 @@ constexpr int64_t kQ6KScales = 16, kQ6KQs = 144;  // offsets in a group super-bl
 constexpr int64_t kQ6KSubBlockBytes = 96;         // 8 rows' 16 values: 32 low-nibble pairs, 32, 32 high bits
 
 // n activation rows of Q8_0 blocks: block b of input j has its 32 values at
-// x + j * x_stride + b * 34 + 2, its scale at da[j * blocks + b] and 8 times its value sum
-// (Q4_0's offset, taken out of the integer sum) at offset8[j * blocks + b].
+// x + j * x_stride + b * 34 + 2, its scale at da[j * blocks + b] and its value sum times the
+// weights' unsigned offset (8 for Q4_0's nibbles, 128 for Q8_0's bytes as VNNI reads them),
+// taken out of the integer sum, at offset[j * blocks + b].
 struct Activations {
   const uint8_t* x = nullptr;
   int64_t x_stride = 0;
   const float* da = nullptr;
-  const int32_t* offset8 = nullptr;
+  const int32_t* offset = nullptr;
   int64_t blocks = 0;
 };
 
@@ -49,6 +51,14 @@ void q4_0_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activ
 void q4_0_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
                int64_t ldy);
 void q4_0_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
+                     int64_t ldy);
+
+// The same for Q8_0.
+void q8_0_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
+                   int64_t ldy);
+void q8_0_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
+               int64_t ldy);
+void q8_0_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
                      int64_t ldy);
 
 // The same for Q4_K.

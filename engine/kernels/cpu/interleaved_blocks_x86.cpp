@@ -26,8 +26,12 @@ inline int32_t load_i32(const uint8_t* p) {
 // the loop 15-25% slower).
 constexpr int64_t kPrefetchBytes = 2048;
 
-// The 8 nibble vectors of one block of a group: lo[k] holds values 4k .. 4k + 3 of each row
-// (one row per 32-bit lane), hi[k] values 16 + 4k .. 16 + 4k + 3.
+// ---- Q4_0 and Q8_0: blocks of 32 values ----------------------------------------------------
+// Per block of a group and input: the 8 rows' integer sums (the block's 8 weight vectors loaded
+// once for every input of a tile), less the activations' offset term, then one float term.
+
+// The 8 nibble vectors of one Q4_0 block of a group: lo[k] holds values 4k .. 4k + 3 of each
+// row (one row per 32-bit lane), hi[k] values 16 + 4k .. 16 + 4k + 3.
 struct Nibbles {
   __m256i lo[4], hi[4];
 };
@@ -43,35 +47,85 @@ KVPIPE_INTERLEAVED_AVX2 inline Nibbles unpack(const uint8_t* q) {
   return v;
 }
 
+// The 8 byte vectors of one Q8_0 block of a group: q[k] holds values 4k .. 4k + 3 of each row.
+struct Bytes {
+  __m256i q[8];
+};
+
 struct SumsAvx2 {
+  using Weights = Nibbles;
+  KVPIPE_INTERLEAVED_AVX2 static Weights load(const uint8_t* q) { return unpack(q); }
   // Each pair of nibble-times-byte products is at most 2 * 15 * 127 = 3810, so the eight
   // vectors' pair sums add up in 16 bits (at most 30480) before one widening to 32.
-  KVPIPE_INTERLEAVED_AVX2 static __m256i block(const Nibbles& v, const uint8_t* xq) {
+  KVPIPE_INTERLEAVED_AVX2 static __m256i block(const Nibbles& v, const uint8_t* xq, int32_t offset) {
     __m256i s = _mm256_maddubs_epi16(v.lo[0], _mm256_set1_epi32(load_i32(xq)));
     for (int k = 1; k < 4; ++k)
       s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v.lo[k], _mm256_set1_epi32(load_i32(xq + 4 * k))));
     for (int k = 0; k < 4; ++k)
       s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v.hi[k], _mm256_set1_epi32(load_i32(xq + 16 + 4 * k))));
-    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+    return _mm256_sub_epi32(_mm256_madd_epi16(s, _mm256_set1_epi16(1)), _mm256_set1_epi32(offset));
   }
 };
 
 struct SumsVnni {
+  using Weights = Nibbles;
+  KVPIPE_INTERLEAVED_VNNI static Weights load(const uint8_t* q) { return unpack(q); }
   // Two chains of four, so one input's sums wait on half as many vpdpbusd latencies.
-  KVPIPE_INTERLEAVED_VNNI static __m256i block(const Nibbles& v, const uint8_t* xq) {
+  KVPIPE_INTERLEAVED_VNNI static __m256i block(const Nibbles& v, const uint8_t* xq, int32_t offset) {
     __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
     for (int k = 0; k < 4; ++k) {
       lo = _mm256_dpbusd_epi32(lo, v.lo[k], _mm256_set1_epi32(load_i32(xq + 4 * k)));
       hi = _mm256_dpbusd_epi32(hi, v.hi[k], _mm256_set1_epi32(load_i32(xq + 16 + 4 * k)));
     }
-    return _mm256_add_epi32(lo, hi);
+    return _mm256_sub_epi32(_mm256_add_epi32(lo, hi), _mm256_set1_epi32(offset));
   }
 };
 
-// kInputs inputs from j0 times group g; the float operations are q4_0_portable's, in its order.
-#define KVPIPE_INTERLEAVED_TILE(NAME, ATTR, SUMS)                                                                  \
+struct Q8SumsAvx2 {
+  using Weights = Bytes;  // the signed bytes as stored
+  KVPIPE_INTERLEAVED_AVX2 static Weights load(const uint8_t* q) {
+    Bytes v;
+    for (int k = 0; k < 8; ++k) v.q[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k));
+    return v;
+  }
+  // |w| times x with w's sign (activations are within +-127, so negating one never overflows);
+  // a pair of products reaches 2 * 128 * 127 = 32512, so each vpmaddubsw widens on its own.
+  KVPIPE_INTERLEAVED_AVX2 static __m256i block(const Bytes& v, const uint8_t* xq, int32_t) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i s = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+      const __m256i x = _mm256_set1_epi32(load_i32(xq + 4 * k));
+      const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(v.q[k]), _mm256_sign_epi8(x, v.q[k]));
+      s = _mm256_add_epi32(s, _mm256_madd_epi16(pairs, ones));
+    }
+    return s;
+  }
+};
+
+struct Q8SumsVnni {
+  using Weights = Bytes;  // each byte plus 128, unsigned, as vpdpbusd reads it
+  KVPIPE_INTERLEAVED_VNNI static Weights load(const uint8_t* q) {
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    Bytes v;
+    for (int k = 0; k < 8; ++k)
+      v.q[k] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k)), flip);
+    return v;
+  }
+  KVPIPE_INTERLEAVED_VNNI static __m256i block(const Bytes& v, const uint8_t* xq, int32_t offset) {
+    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+    for (int k = 0; k < 4; ++k) {
+      lo = _mm256_dpbusd_epi32(lo, v.q[k], _mm256_set1_epi32(load_i32(xq + 4 * k)));
+      hi = _mm256_dpbusd_epi32(hi, v.q[4 + k], _mm256_set1_epi32(load_i32(xq + 16 + 4 * k)));
+    }
+    return _mm256_sub_epi32(_mm256_add_epi32(lo, hi), _mm256_set1_epi32(offset));
+  }
+};
+
+// kInputs inputs from j0 times one group of BLOCK_BYTES-byte blocks; the float operations are
+// the portable kernels', in their order.
+#define KVPIPE_INTERLEAVED_TILE(NAME, ATTR, SUMS, BLOCK_BYTES)                                                     \
   template <int kInputs>                                                                                          \
-  ATTR void NAME(const uint8_t* wg, const Activations& a, int64_t j0, float* y, int64_t ldy) {                    \
+  struct NAME { ATTR static void run(const uint8_t* wg, const Activations& a, int64_t j0, float* y, int64_t ldy) { \
     __m256 acc[kInputs];                                                                                          \
     const uint8_t* xr[kInputs];                                                                                   \
     const float* da[kInputs];                                                                                     \
@@ -80,55 +134,67 @@ struct SumsVnni {
       acc[j] = _mm256_setzero_ps();                                                                               \
       xr[j] = a.x + (j0 + j) * a.x_stride + 2;                                                                    \
       da[j] = a.da + (j0 + j) * a.blocks;                                                                         \
-      off[j] = a.offset8 + (j0 + j) * a.blocks;                                                                   \
+      off[j] = a.offset + (j0 + j) * a.blocks;                                                                    \
     }                                                                                                             \
     for (int64_t b = 0; b < a.blocks; ++b) {                                                                      \
-      const uint8_t* wb = wg + b * kQ4_0GroupBlockBytes;                                                          \
-      if (j0 == 0) { /* later tiles find the group in cache */                                                    \
-        _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes), _MM_HINT_T0);                            \
-        _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + 64), _MM_HINT_T0);                       \
-        _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + 128), _MM_HINT_T0);                      \
-      }                                                                                                           \
+      const uint8_t* wb = wg + b * BLOCK_BYTES;                                                                   \
+      if (j0 == 0) /* later tiles find the group in cache */                                                      \
+        for (int64_t line = 0; line < BLOCK_BYTES; line += 64)                                                    \
+          _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + line), _MM_HINT_T0);                   \
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));                   \
-      const Nibbles v = unpack(wb + 2 * kGroupRows);                                                              \
+      const typename SUMS::Weights v = SUMS::load(wb + 2 * kGroupRows);                                           \
       _Pragma("GCC unroll 8") for (int j = 0; j < kInputs; ++j) {                                                 \
-        const __m256i sum = _mm256_sub_epi32(SUMS::block(v, xr[j] + b * kQ8_0ActivationBytes),                    \
-                                             _mm256_set1_epi32(off[j][b]));                                       \
+        const __m256i sum = SUMS::block(v, xr[j] + b * kQ8_0ActivationBytes, off[j][b]);                          \
         const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(da[j][b]));                                         \
         acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[j]);                                         \
       }                                                                                                           \
     }                                                                                                             \
     for (int j = 0; j < kInputs; ++j) _mm256_storeu_ps(y + (j0 + j) * ldy, acc[j]);                               \
-  }
+  } };
 
-KVPIPE_INTERLEAVED_TILE(inputs_avx2, KVPIPE_INTERLEAVED_AVX2, SumsAvx2)
-KVPIPE_INTERLEAVED_TILE(inputs_vnni, KVPIPE_INTERLEAVED_VNNI, SumsVnni)
+KVPIPE_INTERLEAVED_TILE(q4_0_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, SumsAvx2, kQ4_0GroupBlockBytes)
+KVPIPE_INTERLEAVED_TILE(q4_0_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, SumsVnni, kQ4_0GroupBlockBytes)
+KVPIPE_INTERLEAVED_TILE(q8_0_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, Q8SumsAvx2, kQ8_0GroupBlockBytes)
+KVPIPE_INTERLEAVED_TILE(q8_0_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, Q8SumsVnni, kQ8_0GroupBlockBytes)
 
-// AVX2 has 16 vector registers: the block's 8 nibble vectors and 4 inputs' accumulators fill
-// them; AVX-512's 32 hold 8 inputs.
-KVPIPE_INTERLEAVED_AVX2 void group_avx2(const uint8_t* wg, const Activations& a, int64_t n, float* y, int64_t ldy) {
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) inputs_avx2<4>(wg, a, j, y, ldy);
-  switch (n - j) {
-    case 3: inputs_avx2<3>(wg, a, j, y, ldy); break;
-    case 2: inputs_avx2<2>(wg, a, j, y, ldy); break;
-    case 1: inputs_avx2<1>(wg, a, j, y, ldy); break;
-    default: break;
+// Groups [g_begin, g_end) of a 32-value block type, its inputs in tiles (Tile<k>::run). AVX2
+// has 16 vector registers: a block's 8 weight vectors and 4 inputs' accumulators fill them;
+// AVX-512's 32 hold 8 inputs.
+template <template <int> class Tile>
+KVPIPE_INTERLEAVED_AVX2 void block_groups_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, int64_t group_bytes,
+                                               const Activations& a, int64_t n, float* y, int64_t ldy) {
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    const uint8_t* wg = w + g * group_bytes;
+    float* yg = y + g * kGroupRows;
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) Tile<4>::run(wg, a, j, yg, ldy);
+    switch (n - j) {
+      case 3: Tile<3>::run(wg, a, j, yg, ldy); break;
+      case 2: Tile<2>::run(wg, a, j, yg, ldy); break;
+      case 1: Tile<1>::run(wg, a, j, yg, ldy); break;
+      default: break;
+    }
   }
 }
 
-KVPIPE_INTERLEAVED_VNNI void group_vnni(const uint8_t* wg, const Activations& a, int64_t n, float* y, int64_t ldy) {
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) inputs_vnni<8>(wg, a, j, y, ldy);
-  if (n - j >= 4) {
-    inputs_vnni<4>(wg, a, j, y, ldy);
-    j += 4;
-  }
-  switch (n - j) {
-    case 3: inputs_vnni<3>(wg, a, j, y, ldy); break;
-    case 2: inputs_vnni<2>(wg, a, j, y, ldy); break;
-    case 1: inputs_vnni<1>(wg, a, j, y, ldy); break;
-    default: break;
+template <template <int> class Tile>
+KVPIPE_INTERLEAVED_VNNI void block_groups_vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, int64_t group_bytes,
+                                               const Activations& a, int64_t n, float* y, int64_t ldy) {
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    const uint8_t* wg = w + g * group_bytes;
+    float* yg = y + g * kGroupRows;
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) Tile<8>::run(wg, a, j, yg, ldy);
+    if (n - j >= 4) {
+      Tile<4>::run(wg, a, j, yg, ldy);
+      j += 4;
+    }
+    switch (n - j) {
+      case 3: Tile<3>::run(wg, a, j, yg, ldy); break;
+      case 2: Tile<2>::run(wg, a, j, yg, ldy); break;
+      case 1: Tile<1>::run(wg, a, j, yg, ldy); break;
+      default: break;
+    }
   }
 }
 
@@ -348,14 +414,22 @@ void q6_k_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const Sup
 
 void q4_0_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
                int64_t ldy) {
-  const int64_t group_bytes = a.blocks * kQ4_0GroupBlockBytes;
-  for (int64_t g = g_begin; g < g_end; ++g) group_avx2(w + g * group_bytes, a, n, y + g * kGroupRows, ldy);
+  block_groups_avx2<q4_0_inputs_avx2>(w, g_begin, g_end, a.blocks * kQ4_0GroupBlockBytes, a, n, y, ldy);
 }
 
 void q4_0_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
                      int64_t ldy) {
-  const int64_t group_bytes = a.blocks * kQ4_0GroupBlockBytes;
-  for (int64_t g = g_begin; g < g_end; ++g) group_vnni(w + g * group_bytes, a, n, y + g * kGroupRows, ldy);
+  block_groups_vnni<q4_0_inputs_vnni>(w, g_begin, g_end, a.blocks * kQ4_0GroupBlockBytes, a, n, y, ldy);
+}
+
+void q8_0_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
+               int64_t ldy) {
+  block_groups_avx2<q8_0_inputs_avx2>(w, g_begin, g_end, a.blocks * kQ8_0GroupBlockBytes, a, n, y, ldy);
+}
+
+void q8_0_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
+                     int64_t ldy) {
+  block_groups_vnni<q8_0_inputs_vnni>(w, g_begin, g_end, a.blocks * kQ8_0GroupBlockBytes, a, n, y, ldy);
 }
 
 void q4_k_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
