@@ -427,7 +427,8 @@ const GroupKernels<SuperActivations> kQ6KKernels = {interleaved_impl::q6_k_porta
 // The activations' per-block terms live in buffers of the calling thread, reached by the
 // pool's threads through the pointers.
 // Q8_0 activations for the 32-value block types: each block's scale, and its value sum times
-// `offset` (the weights' unsigned offset the kernels take back out).
+// `offset` (the weights' unsigned offset the kernels take back out; 0: the kernels read none and
+// the sums are not formed).
 void matmul_blocks(InterleaveIsa isa, const GroupKernels<Activations>& kernels, int32_t offset, const uint8_t* x,
                    int64_t x_stride, int64_t n, const uint8_t* w, int64_t rows, int64_t cols, float* y, int64_t ldy) {
   const int64_t blocks = cols / 32;
@@ -447,10 +448,11 @@ void matmul_blocks(InterleaveIsa isa, const GroupKernels<Activations>& kernels, 
     for (int64_t j = j_begin; j < j_end; ++j)
       for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t* block = x + j * x_stride + b * kQ8_0ActivationBytes;
+        da_data[j * blocks + b] = quant_impl::fp16_to_fp32(load_u16(block));
+        if (offset == 0) continue;
         const auto* q = reinterpret_cast<const int8_t*>(block + 2);
         int32_t sum = 0;
         for (int t = 0; t < 32; ++t) sum += q[t];
-        da_data[j * blocks + b] = quant_impl::fp16_to_fp32(load_u16(block));
         offset_data[j * blocks + b] = offset * sum;
       }
   };
@@ -521,7 +523,10 @@ void interleaved_matmul(InterleaveIsa isa, const uint8_t* x, int64_t x_stride, i
   require_groups(type, rows, cols, "interleaved_matmul");
   if (n <= 0 || rows == 0) return;
   if (type == QuantType::Q4_0) return matmul_blocks(isa, kQ4_0Kernels, 8, x, x_stride, n, w, rows, cols, y, ldy);
-  if (type == QuantType::Q8_0) return matmul_blocks(isa, kQ8_0Kernels, 128, x, x_stride, n, w, rows, cols, y, ldy);
+  // Only VNNI reads Q8_0's bytes offset (as unsigned); AVX2 and the portable kernel multiply them signed.
+  if (type == QuantType::Q8_0)
+    return matmul_blocks(isa, kQ8_0Kernels, isa == InterleaveIsa::kAvx512Vnni ? 128 : 0, x, x_stride, n, w, rows,
+                         cols, y, ldy);
   if (type == QuantType::Q6_K) return matmul_q6_k(isa, x, x_stride, n, w, rows, cols, y, ldy);
   matmul_q4_k(isa, x, x_stride, n, w, rows, cols, y, ldy);
 }
