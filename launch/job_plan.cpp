@@ -284,7 +284,8 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
   StageCost cost;
   // What the weights take as stored (quantised files: their blocks), read from the file's index;
   // a tensor rank holds 1 / T of every matrix and the whole of every norm.
-  plan.weight_bytes = stored_weight_bytes(job.model.path, m, plan.dtype, plan.device_type != at::kCPU);
+  const bool repack = job.model.repack && plan.device_type == at::kCPU;
+  plan.weight_bytes = stored_weight_bytes(job.model.path, m, plan.dtype, plan.device_type != at::kCPU, repack);
   const int64_t norm_bytes = 4 * m.hidden_size * static_cast<int64_t>(c10::elementSize(plan.dtype));
   auto per_rank = [&](int64_t bytes) { return tensor == 1 ? bytes : (bytes + tensor - 1) / tensor + norm_bytes; };
   cost.layer_weight_bytes = per_rank(plan.weight_bytes.per_layer);
@@ -327,7 +328,7 @@ JobPlan plan_job(const JobConfig& job, int world_size) {
   if (job.speculative.method == "draft") {
     const ModelConfig& d = plan.draft_model;
     const StoredWeightBytes w =
-        stored_weight_bytes(job.speculative.model, d, plan.dtype, plan.device_type != at::kCPU);
+        stored_weight_bytes(job.speculative.model, d, plan.dtype, plan.device_type != at::kCPU, repack);
     plan.draft_weight_bytes = w.per_layer * d.num_layers + w.embedding + w.head;
     plan.draft_kv_bytes_per_block = 2 * d.num_kv_heads * d.num_layers * job.cache.block_size *
                                     kv_row_bytes(parse_kv_dtype(dtype_name(plan.dtype), "model.dtype"), d.head_dim);
@@ -504,6 +505,10 @@ void print_plan(std::ostream& out, const JobPlan& plan) {
   out << "plan: device " << (plan.device_type == at::kCUDA ? "cuda" : "cpu") << ", dtype "
       << dtype_name(plan.dtype) << ", " << gib(double(plan.device_memory_bytes))
       << (plan.device_type == at::kCUDA ? " of GPU memory per rank\n" : " of host memory\n");
+  if (plan.weight_bytes.repacked > 0)
+    out << "plan: model.repack: " << mib(plan.weight_bytes.repacked)
+        << " of the model's projections in groups of 8 rows, in process memory (" << mib(plan.weight_bytes.repack_growth)
+        << " over the stored layout, counted in the weights below)\n";
   for (int r = 0; r < plan.grid.world_size; ++r) {
     const StagePlan& s = stages[plan.grid.stage_of(r)];
     out << "plan: rank " << r;

@@ -1,5 +1,6 @@
 #include "engine/model/model_weights.h"
 
+#include "engine/kernels/cpu/interleaved_blocks.h"
 #include "engine/model/architecture.h"
 #include "engine/model/gguf.h"
 #include "engine/model/safetensors.h"
@@ -288,7 +289,7 @@ ModelWeights move_weights(const ModelWeights& from, at::Device device, at::Scala
 }
 
 StoredWeightBytes stored_weight_bytes(const std::string& path, const ModelConfig& cfg, at::ScalarType dtype,
-                                      bool dense) {
+                                      bool dense, bool repack) {
   const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
   StoredWeightBytes b;
   b.per_layer = cfg.layer_params() * elem;
@@ -327,7 +328,19 @@ StoredWeightBytes stored_weight_bytes(const std::string& path, const ModelConfig
     const GgufTensorInfo& t = file.tensor(name);
     int64_t elements = 1;
     for (const int64_t n : t.ne) elements *= n;
-    const int64_t bytes = t.ne.size() == 1 ? elements * elem : static_cast<int64_t>(t.bytes);
+    int64_t bytes = t.ne.size() == 1 ? elements * elem : static_cast<int64_t>(t.bytes);
+    // interleave_weights repacks the layers' matrices and an LM head of its own, each up to its
+    // last whole group of 8 rows (WeightMatrix::interleaved).
+    const std::optional<QuantType> type = quant_type_from_ggml(t.type);
+    if (repack && t.ne.size() == 2 && name != "token_embd.weight" && type && interleave_supports(*type) &&
+        t.ne[0] % quant_traits(*type).block_values == 0) {
+      const int64_t grouped = t.ne[1] / kInterleavedRows * kInterleavedRows;
+      const int64_t packed = grouped * interleaved_row_bytes(*type, t.ne[0]);
+      const int64_t growth = packed - grouped * quant_row_bytes(*type, t.ne[0]);
+      bytes += growth;
+      b.repacked += packed;
+      b.repack_growth += growth;
+    }
     if (name.rfind("blk.", 0) == 0) layers += bytes;
     else if (name == "token_embd.weight") b.embedding += bytes;
     else if (name == "output.weight" || name == "output_norm.weight") b.head += bytes;

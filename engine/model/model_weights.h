@@ -140,10 +140,16 @@ struct StoredWeightBytes {
   int64_t per_layer = 0;
   int64_t embedding = 0;
   int64_t head = 0;
+  // With `repack`: the bytes of the projections repacked into groups of 8 rows, in process
+  // memory (interleave_weights), and what that layout adds over the stored one; both are
+  // already counted in the figures above.
+  int64_t repacked = 0;
+  int64_t repack_growth = 0;
 };
 // `dense`: the weights as a GPU holds them (every matrix in `dtype`), not as stored.
+// `repack`: a GGUF file's projections as interleave_weights leaves them (model.repack on the CPU).
 StoredWeightBytes stored_weight_bytes(const std::string& path, const ModelConfig& cfg, at::ScalarType dtype,
-                                      bool dense = false);
+                                      bool dense = false, bool repack = false);
 
 // "float32" | "float16" | "bfloat16"; std::invalid_argument naming `what` otherwise.
 at::ScalarType parse_dtype(const std::string& name, const std::string& what);

@@ -31,6 +31,7 @@
 #include <filesystem>
 #include <fstream>
 #include <ostream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -247,6 +248,14 @@ TEST_P(RepackedFiles, MatchTheStoredLayoutOverAGeneration) {
                                         dir_);
     EXPECT_EQ(c.code, 0) << repack << ": " << c.err;
     EXPECT_EQ(c.err.find("model.repack: ") != std::string::npos, repack == "true") << c.err;
+    // The plan counts from the file's tensor index what the loader then repacks.
+    const auto mib = [&](const char* pattern) {
+      std::smatch m;
+      return std::regex_search(c.err, m, std::regex(pattern)) ? m[1].str() : std::string();
+    };
+    const std::string planned = mib(R"(plan: model\.repack: ([0-9.]+ MiB) of the model's projections)");
+    EXPECT_EQ(planned.empty(), repack != "true") << c.err;
+    EXPECT_EQ(planned, mib(R"(model\.repack: ([0-9.]+ MiB) of the model's weights)")) << c.err;
     return kvpipe::testing::parse_logprob_steps(kvpipe::testing::slurp(lp));
   };
   const auto packed = run("true"), stored = run("false");
