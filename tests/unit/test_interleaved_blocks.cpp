@@ -1,4 +1,4 @@
-// interleaved_blocks (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K): the layout holds every stored byte, every ISA's product
+// interleaved_blocks (Q4_0, Q8_0, Q4_K, Q6_K): the layout holds every stored byte, every ISA's product
 // matches a float64 one and the portable kernel bit for bit, and a WeightMatrix repacked at load computes, looks
 // up and dequantises as the stored one does.
 #include "engine/kernels/cpu/interleaved_blocks.h"
@@ -26,7 +26,7 @@ at::Tensor block_tensor(const std::vector<uint8_t>& w, int64_t rows) {
 
 class InterleavedBlocks : public ::testing::TestWithParam<QuantType> {};
 
-// Every stored byte comes back, the packed 6-bit scales and mins of Q4_K and Q5_K included.
+// Every stored byte comes back, Q4_K's packed 6-bit scales and mins included.
 TEST_P(InterleavedBlocks, RepackKeepsEveryRowsBytes) {
   const QuantType type = GetParam();
   const int64_t rows = 24, cols = quant_traits(type).block_values == 32 ? 320 : 768;
@@ -136,8 +136,7 @@ TEST_P(InterleavedBlocks, RepackedMatrixComputesAsTheStoredOne) {
   EXPECT_EQ(dense.interleaved().storage_id(), dense.storage_id());
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, InterleavedBlocks, ::testing::Values(QuantType::Q4_0, QuantType::Q8_0, QuantType::Q4_K,
-                                                                  QuantType::Q5_K, QuantType::Q6_K),
+INSTANTIATE_TEST_SUITE_P(Types, InterleavedBlocks, ::testing::Values(QuantType::Q4_0, QuantType::Q8_0, QuantType::Q4_K, QuantType::Q6_K),
                          [](const ::testing::TestParamInfo<QuantType>& p) { return std::string(quant_name(p.param)); });
 
 }  // namespace

@@ -198,10 +198,10 @@ KVPIPE_INTERLEAVED_VNNI void block_groups_vnni(const uint8_t* w, int64_t g_begin
   }
 }
 
-// ---- Q4_K and Q5_K ---------------------------------------------------------------------------
+// ---- Q4_K ----------------------------------------------------------------------------------
 // Per super-block of a group and input: each sub-block's 8 row sums, times the rows' scales, into
-// one int32 sum per row (at most 8 * 63 * 32 * 31 * 127); the mins through the activation's
-// sub-block sums; then the two float terms, as q4_k_portable and q5_k_portable.
+// one int32 sum per row (at most 8 * 63 * 32 * 15 * 127); the mins through the activation's
+// sub-block sums; then the two float terms, as q4_k_portable.
 
 struct SuperAvx2 {
   // Eight vpmaddubsw pair sums of one sub-block add up in 16 bits (at most 8 * 2 * 15 * 127 =
@@ -217,18 +217,6 @@ struct SuperAvx2 {
   }
 };
 
-// Q5_K's values reach 31: a vpmaddubsw pair reaches 2 * 31 * 127 = 7874, so the pair sums are
-// widened to 32 bits at once and scaled in 32 bits.
-struct Super5Avx2 {
-  using Sum = __m256i;
-  KVPIPE_INTERLEAVED_AVX2 static Sum zero() { return _mm256_setzero_si256(); }
-  KVPIPE_INTERLEAVED_AVX2 static Sum add(Sum s, __m256i values, const uint8_t* xq) {
-    const __m256i pairs = _mm256_maddubs_epi16(values, _mm256_set1_epi32(load_i32(xq)));
-    return _mm256_add_epi32(s, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-  }
-  KVPIPE_INTERLEAVED_AVX2 static __m256i scaled(Sum s, __m256i scale32) { return _mm256_mullo_epi32(s, scale32); }
-};
-
 struct SuperVnni {
   using Sum = __m256i;
   KVPIPE_INTERLEAVED_VNNI static Sum zero() { return _mm256_setzero_si256(); }
@@ -238,26 +226,7 @@ struct SuperVnni {
   KVPIPE_INTERLEAVED_VNNI static __m256i scaled(Sum s, __m256i scale32) { return _mm256_mullo_epi32(s, scale32); }
 };
 
-// Q4_K's values are its nibbles; Q5_K adds each value's fifth bit (bit s of its h byte for
-// sub-block s) to the nibbles of sub-blocks 2p (lo) and 2p + 1 (hi). Shifting 16-bit lanes right
-// by 2p brings both bits of either byte to its bits 0 and 1.
-struct Q4KValues {
-  static constexpr int64_t kBlockBytes = kQ4KGroupBlockBytes;
-  KVPIPE_INTERLEAVED_AVX2 static void add_high(const uint8_t*, int, int, __m256i&, __m256i&) {}
-};
-
-struct Q5KValues {
-  static constexpr int64_t kBlockBytes = kQ5KGroupBlockBytes;
-  KVPIPE_INTERLEAVED_AVX2 static void add_high(const uint8_t* wb, int p, int k, __m256i& lo, __m256i& hi) {
-    const __m256i fifth = _mm256_set1_epi8(0x10);
-    const __m256i h = _mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kQ5KHighBits + 32 * k)),
-                                       _mm_cvtsi32_si128(2 * p));
-    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h, 4), fifth));
-    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), fifth));
-  }
-};
-
-#define KVPIPE_INTERLEAVED_SUPER_TILE(NAME, ATTR, OPS, VALUES)                                                     \
+#define KVPIPE_INTERLEAVED_SUPER_TILE(NAME, ATTR, OPS)                                                             \
   template <int kInputs>                                                                                          \
   struct NAME { ATTR static void run(const uint8_t* wg, const SuperActivations& a, int64_t j0, float* y, int64_t ldy) {               \
     const __m256i mask = _mm256_set1_epi8(0x0f);                                                                  \
@@ -268,9 +237,9 @@ struct Q5KValues {
       xr[j] = a.x + (j0 + j) * a.x_stride + 4;                                                                    \
     }                                                                                                             \
     for (int64_t b = 0; b < a.blocks; ++b) {                                                                      \
-      const uint8_t* wb = wg + b * VALUES::kBlockBytes;                                                           \
+      const uint8_t* wb = wg + b * kQ4KGroupBlockBytes;                                                           \
       if (j0 == 0)                                                                                                \
-        for (int64_t off = 0; off < VALUES::kBlockBytes; off += 64)                                               \
+        for (int64_t off = 0; off < kQ4KGroupBlockBytes; off += 64)                                               \
           _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + off), _MM_HINT_T0);                    \
       __m256i sumi[kInputs];                                                                                      \
       for (int j = 0; j < kInputs; ++j) sumi[j] = _mm256_setzero_si256();                                         \
@@ -280,9 +249,8 @@ struct Q5KValues {
         const uint8_t* q = wb + kQ4KQs + 256 * p;                                                                 \
         _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k) {                                                     \
           const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k));                 \
-          __m256i vlo = _mm256_and_si256(bytes, mask);                                                            \
-          __m256i vhi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);                                      \
-          VALUES::add_high(wb, p, k, vlo, vhi);                                                                   \
+          const __m256i vlo = _mm256_and_si256(bytes, mask);                                                      \
+          const __m256i vhi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);                                \
           for (int j = 0; j < kInputs; ++j) {                                                                     \
             const uint8_t* xq = xr[j] + b * kQ8KActivationBytes + 64 * p + 4 * k;                                 \
             lo[j] = OPS::add(lo[j], vlo, xq);                                                                     \
@@ -313,10 +281,8 @@ struct Q5KValues {
     for (int j = 0; j < kInputs; ++j) _mm256_storeu_ps(y + (j0 + j) * ldy, acc[j]);                               \
   } };
 
-KVPIPE_INTERLEAVED_SUPER_TILE(q4k_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, SuperAvx2, Q4KValues)
-KVPIPE_INTERLEAVED_SUPER_TILE(q4k_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, SuperVnni, Q4KValues)
-KVPIPE_INTERLEAVED_SUPER_TILE(q5k_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, Super5Avx2, Q5KValues)
-KVPIPE_INTERLEAVED_SUPER_TILE(q5k_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, SuperVnni, Q5KValues)
+KVPIPE_INTERLEAVED_SUPER_TILE(super_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, SuperAvx2)
+KVPIPE_INTERLEAVED_SUPER_TILE(super_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, SuperVnni)
 
 // ---- Q6_K ----------------------------------------------------------------------------------
 // Per super-block of a group and input: each 16-value sub-block's 8 row sums times the rows'
@@ -468,22 +434,12 @@ void q8_0_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const Act
 
 void q4_k_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
                int64_t ldy) {
-  super_groups_avx2<q4k_inputs_avx2>(w, g_begin, g_end, a.blocks * kQ4KGroupBlockBytes, a, n, y, ldy);
+  super_groups_avx2<super_inputs_avx2>(w, g_begin, g_end, a.blocks * kQ4KGroupBlockBytes, a, n, y, ldy);
 }
 
 void q4_k_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n,
                      float* y, int64_t ldy) {
-  super_groups_vnni<q4k_inputs_vnni>(w, g_begin, g_end, a.blocks * kQ4KGroupBlockBytes, a, n, y, ldy);
-}
-
-void q5_k_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
-               int64_t ldy) {
-  super_groups_avx2<q5k_inputs_avx2>(w, g_begin, g_end, a.blocks * kQ5KGroupBlockBytes, a, n, y, ldy);
-}
-
-void q5_k_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n,
-                     float* y, int64_t ldy) {
-  super_groups_vnni<q5k_inputs_vnni>(w, g_begin, g_end, a.blocks * kQ5KGroupBlockBytes, a, n, y, ldy);
+  super_groups_vnni<super_inputs_vnni>(w, g_begin, g_end, a.blocks * kQ4KGroupBlockBytes, a, n, y, ldy);
 }
 
 }  // namespace kvpipe::interleaved_impl
