@@ -225,9 +225,11 @@ Search::Step Search::try_value(const TuneKnob& knob, size_t index) {
   }
   TuneSettings settings;
   bool lossy = false;
+  const bool reset = index != knob.current && !knob.reset_key.empty();
   for (const auto& kv : at(incumbent_).settings)
-    if (kv.first != knob.key) settings.push_back(kv);
+    if (kv.first != knob.key && !(reset && kv.first == knob.reset_key)) settings.push_back(kv);
   if (index != knob.current) settings.push_back({knob.key, knob.values[index].yaml});
+  if (reset && knob.reset_job != knob.reset_value) settings.push_back({knob.reset_key, knob.reset_value});
   // Keep the knobs' order, so that one configuration has one label.
   std::vector<std::pair<size_t, std::pair<std::string, std::string>>> ranked;
   for (const auto& kv : settings) {

@@ -197,6 +197,9 @@ std::vector<TuneKnob> tune_space(const TuneSpaceInputs& in) {
     for (int t = 1; t <= in.ranks; ++t)
       if (in.ranks % t == 0) tensors.push_back({std::to_string(t), false});
     add("parallel.tensor", tensors, false);
+    knobs.back().reset_key = "parallel.layers";
+    knobs.back().reset_value = "auto";
+    knobs.back().reset_job = job_value_yaml(job, "parallel.layers");
   }
 
   // Greedy verification keeps the outputs: speculative decoding is lossless.

@@ -35,6 +35,10 @@ struct TuneKnob {
   // draft tokens while speculative decoding is off); `unless_job` is the job's own value of
   // `unless_key`, for when that key is not searched itself (--keys).
   std::string unless_key, unless_value, unless_job;
+  // A value other than the job's also sets `reset_key` to `reset_value` (`reset_job`: the
+  // job's own value of it): tensor ranks change the number of stages, and a pinned layer split
+  // is one for the job's stage count, so other tensor values are tried with parallel.layers auto.
+  std::string reset_key, reset_value, reset_job;
 };
 
 struct TuneSpaceInputs {

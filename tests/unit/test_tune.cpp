@@ -170,6 +170,13 @@ TEST(TuneSpace, TwoRanksAddTheSplitMicroBatchesAndTensorParallelism) {
   const TuneKnob* tensor = knob(knobs, "parallel.tensor");
   ASSERT_NE(tensor, nullptr);
   EXPECT_EQ(yamls(*tensor), (std::vector<std::string>{"1", "2"}));
+  // Another tensor count changes the stages: its candidates split the layers automatically.
+  EXPECT_EQ(tensor->reset_key, "parallel.layers");
+  EXPECT_EQ(tensor->reset_value, "auto");
+  EXPECT_EQ(tensor->reset_job, "auto");
+  const JobConfig pinned = parse_job_config(std::string(kTinyJob) + "parallel: {layers: [1, 3]}\n", "job.yaml");
+  in.job = &pinned;
+  EXPECT_EQ(knob(tune_space(in), "parallel.tensor")->reset_job, "[1, 3]");
 }
 
 TEST(TuneOptions, ObjectiveAndSloParseOrNameTheBadItem) {
@@ -365,6 +372,57 @@ TEST(TuneSearch, InvalidCandidatesAreListedNotRun) {
     }
   EXPECT_TRUE(listed);
   EXPECT_EQ(out.end_reason, "searched every knob");
+}
+
+// A job with a pinned split: the search tries the other tensor count with the layers split
+// automatically (a pinned split is for the job's stage count, invalid for another), even after
+// a pinned split won on its own.
+TEST(TuneSearch, AnotherTensorCountIsTriedWithTheLayersSplitAutomatically) {
+  Landscape land;
+  TuneKnob layers;
+  layers.key = "parallel.layers";
+  layers.values = {{"auto", false}, {"[2, 2]", false}, {"[1, 3]", false}};
+  layers.current = 1;
+  TuneKnob tensor;
+  tensor.key = "parallel.tensor";
+  tensor.values = {{"1", false}, {"2", false}};
+  tensor.reset_key = "parallel.layers";
+  tensor.reset_value = "auto";
+  tensor.reset_job = "[2, 2]";
+  land.knobs = {layers, tensor};
+  // [1, 3] is the best split on one tensor rank (a smaller batch stands in for it).
+  TuneSearchHooks h = land.hooks();
+  const auto run = h.run;
+  h.run = [run](const TuneCandidate& c, double deadline_s) {
+    TuneRunResult r = run(c, deadline_s);
+    if (Landscape::value(c, "parallel.layers", "[2, 2]") == "[1, 3]") r.figures.e2e_mean_ms -= 10;
+    return r;
+  };
+  h.check = [](const TuneSettings& settings) {
+    TuneCheck check;
+    std::string layers_value = "[2, 2]", tensor_value = "1";
+    for (const auto& kv : settings) {
+      if (kv.first == "parallel.layers") layers_value = kv.second;
+      if (kv.first == "parallel.tensor") tensor_value = kv.second;
+    }
+    if (tensor_value == "2" && layers_value != "auto")
+      check.problem = "job.yaml: parallel.layers: a pinned split for 2 stages on 1 stage";
+    TuneCandidate c;
+    c.settings = settings;
+    check.fingerprint = c.label();
+    return check;
+  };
+  TuneSearchOptions o;
+  o.budget_s = 10000;
+  const TuneOutcome out = tune_search(land.knobs, o, h);
+  bool tried = false;
+  for (const TuneCandidate& c : out.candidates) {
+    if (c.label().find("parallel.tensor=2") == std::string::npos) continue;
+    EXPECT_EQ(Landscape::value(c, "parallel.layers", "[2, 2]"), "auto") << c.label();
+    EXPECT_TRUE(c.status.rfind("invalid", 0) != 0) << c.label() << ": " << c.status;
+    tried = tried || c.measured();
+  }
+  EXPECT_TRUE(tried) << "no candidate with two tensor ranks was run";
 }
 
 TEST(TuneSearch, NoCandidateMeetingTheSloMeansNoWinner) {
