@@ -331,9 +331,9 @@ StoredWeightBytes stored_weight_bytes(const std::string& path, const ModelConfig
     int64_t bytes = t.ne.size() == 1 ? elements * elem : static_cast<int64_t>(t.bytes);
     // interleave_weights repacks the layers' matrices and an LM head of its own, each up to its
     // last whole group of 8 rows (WeightMatrix::interleaved).
-    const std::optional<QuantType> type = quant_type_from_ggml(t.type);
-    if (repack && t.ne.size() == 2 && name != "token_embd.weight" && type && interleave_supports(*type) &&
-        t.ne[0] % quant_traits(*type).block_values == 0) {
+    const std::optional<QuantType> type =
+        repack && t.ne.size() == 2 && name != "token_embd.weight" ? quant_type_from_ggml(t.type) : std::nullopt;
+    if (type && interleave_supports(*type)) {
       const int64_t grouped = t.ne[1] / kInterleavedRows * kInterleavedRows;
       const int64_t packed = grouped * interleaved_row_bytes(*type, t.ne[0]);
       const int64_t growth = packed - grouped * quant_row_bytes(*type, t.ne[0]);

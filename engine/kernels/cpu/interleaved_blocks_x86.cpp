@@ -157,44 +157,28 @@ KVPIPE_INTERLEAVED_TILE(q4_0_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, SumsVnni, kQ4
 KVPIPE_INTERLEAVED_TILE(q8_0_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, Q8SumsAvx2, kQ8_0GroupBlockBytes)
 KVPIPE_INTERLEAVED_TILE(q8_0_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, Q8SumsVnni, kQ8_0GroupBlockBytes)
 
-// Groups [g_begin, g_end) of a 32-value block type, its inputs in tiles (Tile<k>::run). AVX2
-// has 16 vector registers: a block's 8 weight vectors and 4 inputs' accumulators fill them;
-// AVX-512's 32 hold 8 inputs.
-template <template <int> class Tile>
-KVPIPE_INTERLEAVED_AVX2 void block_groups_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, int64_t group_bytes,
-                                               const Activations& a, int64_t n, float* y, int64_t ldy) {
+// Groups [g_begin, g_end), their inputs in tiles of kWide (Tile<k>::run, k inputs each), then
+// one of 4 where kWide is 8, then one of what is left. kWide is as many inputs as the registers
+// hold beside a block's weight vectors (the entry points below say which).
+template <template <int> class Tile, int kWide, typename Acts>
+void tiled_groups(const uint8_t* w, int64_t g_begin, int64_t g_end, int64_t group_bytes, const Acts& a, int64_t n,
+                  float* y, int64_t ldy) {
+  static_assert(kWide == 2 || kWide == 4 || kWide == 8, "tiles of 2, 4 or 8 inputs");
   for (int64_t g = g_begin; g < g_end; ++g) {
     const uint8_t* wg = w + g * group_bytes;
     float* yg = y + g * kGroupRows;
     int64_t j = 0;
-    for (; j + 4 <= n; j += 4) Tile<4>::run(wg, a, j, yg, ldy);
-    switch (n - j) {
-      case 3: Tile<3>::run(wg, a, j, yg, ldy); break;
-      case 2: Tile<2>::run(wg, a, j, yg, ldy); break;
-      case 1: Tile<1>::run(wg, a, j, yg, ldy); break;
-      default: break;
+    for (; j + kWide <= n; j += kWide) Tile<kWide>::run(wg, a, j, yg, ldy);
+    if constexpr (kWide == 8)
+      if (n - j >= 4) {
+        Tile<4>::run(wg, a, j, yg, ldy);
+        j += 4;
+      }
+    if constexpr (kWide > 2) {
+      if (n - j == 3) Tile<3>::run(wg, a, j, yg, ldy);
+      if (n - j == 2) Tile<2>::run(wg, a, j, yg, ldy);
     }
-  }
-}
-
-template <template <int> class Tile>
-KVPIPE_INTERLEAVED_VNNI void block_groups_vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, int64_t group_bytes,
-                                               const Activations& a, int64_t n, float* y, int64_t ldy) {
-  for (int64_t g = g_begin; g < g_end; ++g) {
-    const uint8_t* wg = w + g * group_bytes;
-    float* yg = y + g * kGroupRows;
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) Tile<8>::run(wg, a, j, yg, ldy);
-    if (n - j >= 4) {
-      Tile<4>::run(wg, a, j, yg, ldy);
-      j += 4;
-    }
-    switch (n - j) {
-      case 3: Tile<3>::run(wg, a, j, yg, ldy); break;
-      case 2: Tile<2>::run(wg, a, j, yg, ldy); break;
-      case 1: Tile<1>::run(wg, a, j, yg, ldy); break;
-      default: break;
-    }
+    if (n - j == 1) Tile<1>::run(wg, a, j, yg, ldy);
   }
 }
 
@@ -368,78 +352,49 @@ struct Q6Vnni {
 KVPIPE_INTERLEAVED_Q6K_TILE(q6k_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, Q6Avx2)
 KVPIPE_INTERLEAVED_Q6K_TILE(q6k_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, Q6Vnni)
 
-// Groups [g_begin, g_end) of a super-block type, its inputs in tiles (Tile<k>::run, k inputs
-// each). An input keeps at least a super-block sum and an accumulator beside the block's value
-// vectors: 2 inputs fill AVX2's 16 registers, 4 AVX-512's 32.
-template <template <int> class Tile>
-KVPIPE_INTERLEAVED_AVX2 void super_groups_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, int64_t group_bytes,
-                                               const SuperActivations& a, int64_t n, float* y, int64_t ldy) {
-  for (int64_t g = g_begin; g < g_end; ++g) {
-    const uint8_t* wg = w + g * group_bytes;
-    float* yg = y + g * kGroupRows;
-    int64_t j = 0;
-    for (; j + 2 <= n; j += 2) Tile<2>::run(wg, a, j, yg, ldy);
-    if (j < n) Tile<1>::run(wg, a, j, yg, ldy);
-  }
-}
-
-template <template <int> class Tile>
-KVPIPE_INTERLEAVED_VNNI void super_groups_vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, int64_t group_bytes,
-                                               const SuperActivations& a, int64_t n, float* y, int64_t ldy) {
-  for (int64_t g = g_begin; g < g_end; ++g) {
-    const uint8_t* wg = w + g * group_bytes;
-    float* yg = y + g * kGroupRows;
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4) Tile<4>::run(wg, a, j, yg, ldy);
-    switch (n - j) {
-      case 3: Tile<3>::run(wg, a, j, yg, ldy); break;
-      case 2: Tile<2>::run(wg, a, j, yg, ldy); break;
-      case 1: Tile<1>::run(wg, a, j, yg, ldy); break;
-      default: break;
-    }
-  }
-}
-
 }  // namespace
 
-void q6_k_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
-               int64_t ldy) {
-  super_groups_avx2<q6k_inputs_avx2>(w, g_begin, g_end, a.blocks * kQ6KGroupBlockBytes, a, n, y, ldy);
-}
-
-void q6_k_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n,
-                     float* y, int64_t ldy) {
-  super_groups_vnni<q6k_inputs_vnni>(w, g_begin, g_end, a.blocks * kQ6KGroupBlockBytes, a, n, y, ldy);
-}
-
+// AVX2 has 16 vector registers: a 32-value block's 8 weight vectors and 4 inputs' accumulators
+// fill them, and a super-block input's sum and accumulator beside its value vectors leave room
+// for 2; AVX-512's 32 hold twice as many.
 void q4_0_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
                int64_t ldy) {
-  block_groups_avx2<q4_0_inputs_avx2>(w, g_begin, g_end, a.blocks * kQ4_0GroupBlockBytes, a, n, y, ldy);
+  tiled_groups<q4_0_inputs_avx2, 4>(w, g_begin, g_end, a.blocks * kQ4_0GroupBlockBytes, a, n, y, ldy);
 }
 
 void q4_0_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
                      int64_t ldy) {
-  block_groups_vnni<q4_0_inputs_vnni>(w, g_begin, g_end, a.blocks * kQ4_0GroupBlockBytes, a, n, y, ldy);
+  tiled_groups<q4_0_inputs_vnni, 8>(w, g_begin, g_end, a.blocks * kQ4_0GroupBlockBytes, a, n, y, ldy);
 }
 
 void q8_0_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
                int64_t ldy) {
-  block_groups_avx2<q8_0_inputs_avx2>(w, g_begin, g_end, a.blocks * kQ8_0GroupBlockBytes, a, n, y, ldy);
+  tiled_groups<q8_0_inputs_avx2, 4>(w, g_begin, g_end, a.blocks * kQ8_0GroupBlockBytes, a, n, y, ldy);
 }
 
 void q8_0_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
                      int64_t ldy) {
-  block_groups_vnni<q8_0_inputs_vnni>(w, g_begin, g_end, a.blocks * kQ8_0GroupBlockBytes, a, n, y, ldy);
+  tiled_groups<q8_0_inputs_vnni, 8>(w, g_begin, g_end, a.blocks * kQ8_0GroupBlockBytes, a, n, y, ldy);
 }
 
 void q4_k_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
                int64_t ldy) {
-  super_groups_avx2<super_inputs_avx2>(w, g_begin, g_end, a.blocks * kQ4KGroupBlockBytes, a, n, y, ldy);
+  tiled_groups<super_inputs_avx2, 2>(w, g_begin, g_end, a.blocks * kQ4KGroupBlockBytes, a, n, y, ldy);
 }
 
 void q4_k_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n,
                      float* y, int64_t ldy) {
-  super_groups_vnni<super_inputs_vnni>(w, g_begin, g_end, a.blocks * kQ4KGroupBlockBytes, a, n, y, ldy);
+  tiled_groups<super_inputs_vnni, 4>(w, g_begin, g_end, a.blocks * kQ4KGroupBlockBytes, a, n, y, ldy);
+}
+
+void q6_k_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
+               int64_t ldy) {
+  tiled_groups<q6k_inputs_avx2, 2>(w, g_begin, g_end, a.blocks * kQ6KGroupBlockBytes, a, n, y, ldy);
+}
+
+void q6_k_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n,
+                     float* y, int64_t ldy) {
+  tiled_groups<q6k_inputs_vnni, 4>(w, g_begin, g_end, a.blocks * kQ6KGroupBlockBytes, a, n, y, ldy);
 }
 
 }  // namespace kvpipe::interleaved_impl
