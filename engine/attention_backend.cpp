@@ -1,6 +1,7 @@
 #include "engine/attention_backend.h"
 
 #include "engine/kernels/cpu/paged_attention.h"
+#include "engine/kernels/cpu/paged_prefill_attention.h"
 #include "engine/kernels/cuda/paged_decode.h"
 #include "engine/layers.h"
 
@@ -39,8 +40,8 @@ std::optional<AttentionPath> attention_path_from_env() {
 
 bool paged_decode_fits(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const BlockPool& pool,
                        const StepBatch& batch) {
+  if (!on_gpu) return q_dtype == at::kFloat;  // decode steps on the decode kernel, others on the prefill one
   if (!is_decode_only(batch)) return false;
-  if (!on_gpu) return q_dtype == at::kFloat;
   if (batch.window_recent > 0 || pool.dtype() == KvDtype::kQ8_0) return false;
   if (kv_storage_scalar_type(pool.dtype()) != q_dtype) return false;
   return head_dim == 64 || head_dim == 128;
@@ -48,7 +49,7 @@ bool paged_decode_fits(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, co
 
 bool paged_decode_fits(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const BlockPool& pool,
                        const StepBatch& batch, const StepContext& ctx) {
-  return ctx.decode_only && paged_decode_fits(q_dtype, head_dim, on_gpu, pool, batch);
+  return (ctx.decode_only || !on_gpu) && paged_decode_fits(q_dtype, head_dim, on_gpu, pool, batch);
 }
 
 bool attention_reads_keys(AttentionPath path) { return path != AttentionPath::kPagedDecode; }
@@ -69,8 +70,8 @@ AttentionPath choose_path(bool on_gpu, bool paged, bool varlen, std::optional<At
     if (*preferred == AttentionPath::kVarlen && varlen) return *preferred;
     if (*preferred == AttentionPath::kPerSequence) return *preferred;
   }
-  // The CPU's decode steps take its paged kernel; everything else runs per sequence there (its
-  // varlen path is a reference).
+  // The CPU's steps take its paged kernels (its varlen path is a reference); a GPU's decode
+  // steps take its paged kernel and the others FlashAttention varlen where it applies.
   if (paged) return AttentionPath::kPagedDecode;
   if (!on_gpu) return AttentionPath::kPerSequence;
   if (varlen) return AttentionPath::kVarlen;
@@ -140,6 +141,25 @@ at::Tensor paged_decode(const at::Tensor& q, const BlockPool& pool, int64_t laye
                              {window.sinks, window.recent, window.sliding, window.softcap}, static_cast<float>(scale),
                              out.data_ptr<float>());
   return out.to(q.scalar_type()).reshape({S, heads * hd});
+}
+
+at::Tensor paged_prefill(const at::Tensor& q, const BlockPool& pool, int64_t layer, const StepContext& ctx,
+                         double scale, const AttentionWindow& window) {
+  const int64_t T = q.size(0), heads = q.size(1), hd = q.size(2);
+  if (q.is_cuda()) throw std::logic_error("paged prefill: there is no CUDA kernel; prefill there is varlen");
+  const at::Tensor qf = q.to(at::kFloat).contiguous();
+  const at::Tensor tables = ctx.block_tables.to(at::kInt).contiguous(), lens = ctx.context_lens.to(at::kInt).contiguous();
+  const at::Tensor cu_q = ctx.cu_seqlens_q.to(at::kInt).contiguous();
+  const int64_t S = cu_q.numel() - 1;
+  if (ctx.decode_only || tables.dim() != 2 || tables.size(0) != S || lens.numel() != S ||
+      cu_q.data_ptr<int32_t>()[S] != T)
+    throw std::logic_error("paged prefill: block tables, context lengths or query offsets do not match the step");
+  at::Tensor out = at::empty({T, heads, hd}, qf.options());
+  paged_prefill_attention_cpu(qf.data_ptr<float>(), heads, paged_kv_layer(pool, layer), tables.data_ptr<int32_t>(),
+                              tables.size(1), lens.data_ptr<int32_t>(), cu_q.data_ptr<int32_t>(), S,
+                              {window.sinks, window.recent, window.sliding, window.softcap}, static_cast<float>(scale),
+                              out.data_ptr<float>());
+  return out.to(q.scalar_type()).reshape({T, heads * hd});
 }
 
 }  // namespace kvpipe

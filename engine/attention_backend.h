@@ -9,9 +9,11 @@
 // paths run their references (a per-sequence loop over the same packed indices, and the
 // float64 paged decode reference), so their indexing is tested where no GPU is.
 //
-// On the CPU, decode steps take kvpipe's paged kernel (engine/kernels/cpu/paged_attention.h:
-// the pool read in place, every stored type and window), prefill and mixed steps the
-// per-sequence path; the varlen path there is a reference.
+// On the CPU every step reads the pool in place through block tables (the `paged` path, every
+// stored type and window): decode steps on kvpipe's paged decode kernel
+// (engine/kernels/cpu/paged_attention.h), prefill and mixed steps on its tiled prefill kernel
+// (engine/kernels/cpu/paged_prefill_attention.h). The per-sequence path and the varlen one are
+// references there.
 #pragma once
 
 #include "cache/block_pool.h"
@@ -35,10 +37,10 @@ std::string attention_path_name(AttentionPath path);
 // compare them; tests force the batched paths on the CPU). Read once per process.
 std::optional<AttentionPath> attention_path_from_env();
 
-// Whether the paged decode kernel takes a step: one new token per sequence, and on a GPU no
-// window, float storage of the query's dtype and a head size it was built for (64 or 128). The
-// CPU's kernel (engine/kernels/cpu/paged_attention.h) reads every stored type, windows
-// included, for float32 queries.
+// Whether the paged kernels take a step. On a GPU: one new token per sequence, no window,
+// float storage of the query's dtype and a head size the decode kernel was built for (64 or
+// 128). On the CPU: every step with float32 queries (its decode and prefill kernels read every
+// stored type, windows included).
 bool paged_decode_fits(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const BlockPool& pool,
                        const StepBatch& batch, const StepContext& ctx);
 bool paged_decode_fits(at::ScalarType q_dtype, int64_t head_dim, bool on_gpu, const BlockPool& pool,
@@ -60,6 +62,13 @@ AttentionPath choose_attention_path(at::ScalarType q_dtype, int64_t head_dim, bo
 // Whether `path` reads the step's per-key indices (StepContext::key_indices): the per-sequence
 // and varlen paths gather keys through them; the paged decode path reads block tables.
 bool attention_reads_keys(AttentionPath path);
+
+// Each sequence's new queries (q [T, heads, head_dim]) over layer `layer` of `pool` through the
+// step's per-sequence block tables, context lengths and query offsets (cu_seqlens_q), on the
+// CPU's tiled prefill kernel, seeing what `window` lets each position see. Returns [T, heads *
+// head_dim]. CPU only.
+at::Tensor paged_prefill(const at::Tensor& q, const BlockPool& pool, int64_t layer, const StepContext& ctx,
+                         double scale, const AttentionWindow& window = {});
 
 // Causal attention of each sequence's new queries (rows cu_seqlens_q[i] .. of q [T, heads,
 // head_dim]) over its keys and values (rows cu_seqlens_k[i] .. of k, v [K, kv_heads,

@@ -120,9 +120,11 @@ at::Tensor ModelShard::attention_block(const at::Tensor& x, int64_t local, const
                            " needs the step's key indices, which its context was built without");
   ++attention_calls_[static_cast<size_t>(path)];
   switch (path) {
-    case AttentionPath::kPagedDecode:
-      return reduced(w.o.matmul(
-          paged_decode(q, pool, pool_layer, ctx, scale, attention_window(batch, weights_.layers.begin + local))));
+    case AttentionPath::kPagedDecode: {
+      const AttentionWindow window = attention_window(batch, weights_.layers.begin + local);
+      return reduced(w.o.matmul(ctx.decode_only ? paged_decode(q, pool, pool_layer, ctx, scale, window)
+                                                : paged_prefill(q, pool, pool_layer, ctx, scale, window)));
+    }
     case AttentionPath::kVarlen:
       return reduced(w.o.matmul(varlen_causal_attention(q, pool.gather_keys(pool_layer, ctx.key_slots),
                                                         pool.gather_values(pool_layer, ctx.key_slots), ctx, scale)));

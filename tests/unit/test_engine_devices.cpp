@@ -193,10 +193,10 @@ TEST_P(EngineDevices, PrefixReuseMatchesNoReuse) { check_prefix_reuse_matches_no
 
 INSTANTIATE_TEST_SUITE_P(
     Cpu, EngineDevices,
-    ::testing::Values(DeviceCase{"cpu_float32", at::kCPU, at::kFloat, std::nullopt, {AttentionPath::kPerSequence}},
-                      DeviceCase{"cpu_float32_varlen_reference", at::kCPU, at::kFloat, AttentionPath::kVarlen, {AttentionPath::kVarlen}},
-                      DeviceCase{"cpu_float32_paged_reference", at::kCPU, at::kFloat, AttentionPath::kPagedDecode,
-                                 {AttentionPath::kPagedDecode, AttentionPath::kPerSequence}}),
+    ::testing::Values(DeviceCase{"cpu_float32", at::kCPU, at::kFloat, std::nullopt, {AttentionPath::kPagedDecode}},
+                      DeviceCase{"cpu_float32_per_sequence", at::kCPU, at::kFloat, AttentionPath::kPerSequence,
+                                 {AttentionPath::kPerSequence}},
+                      DeviceCase{"cpu_float32_varlen_reference", at::kCPU, at::kFloat, AttentionPath::kVarlen, {AttentionPath::kVarlen}}),
     case_name);
 
 // The same checks on the GPU (the Gpu prefix puts them under the `gpu` label): float32 and
@@ -388,8 +388,8 @@ TEST(AttentionBackend, PathFollowsDeviceStepAndPool) {
                 choose_attention_path(q, pool, *b, ctx, preferred));
 }
 
-// A step's per-key indices are built only when its path reads them: never for decode steps
-// that the paged kernel takes, always for prefill and for the per-sequence and varlen paths;
+// A step's per-key indices are built only when its path reads them: never for the steps the
+// CPU's paged kernels take (decode and prefill), always for the per-sequence and varlen paths;
 // and a path that needs them refuses a context built without.
 TEST(AttentionBackend, KeyIndicesOnlyForThePathsThatReadThem) {
   const ModelConfig cfg = device_config();
@@ -418,12 +418,13 @@ TEST(AttentionBackend, KeyIndicesOnlyForThePathsThatReadThem) {
   EXPECT_TRUE(shard.step_reads_keys(pool, decode));
   shard.set_attention_path(AttentionPath::kPagedDecode);
   EXPECT_FALSE(shard.step_reads_keys(pool, decode));
-  EXPECT_TRUE(shard.step_reads_keys(pool, prefill));
-  EXPECT_FALSE(shard.step_reads_keys(pool, windowed));  // the CPU's kernel reads windows too
-  // run_stage builds the lean context for the paged decode step, and the step computes.
+  EXPECT_FALSE(shard.step_reads_keys(pool, prefill));   // the prefill kernel reads the block tables
+  EXPECT_FALSE(shard.step_reads_keys(pool, windowed));  // the CPU's kernels read windows too
+  // run_stage builds the lean context for the paged prefill and decode steps, and they compute.
   BlockPool run_pool(shard.kv_shape(16), 8, at::kFloat, at::kCPU);
+  EXPECT_NO_THROW(run_stage(shard, run_pool, prefill, {}));
   EXPECT_NO_THROW(run_stage(shard, run_pool, decode, {}));
-  EXPECT_EQ(shard.attention_calls(AttentionPath::kPagedDecode), cfg.num_layers);
+  EXPECT_EQ(shard.attention_calls(AttentionPath::kPagedDecode), 2 * cfg.num_layers);
   // The per-sequence path refuses a context without key indices instead of reading past it.
   shard.set_attention_path(AttentionPath::kPerSequence);
   const StepContext lean = make_step_context(decode, 16, at::kCPU, /*key_indices=*/false);

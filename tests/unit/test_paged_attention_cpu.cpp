@@ -10,6 +10,7 @@
 #include "engine/kernels/cpu/paged_decode_reference.h"
 #include "engine/kernels/cpu/thread_pool.h"
 #include "tests/support/logprob_compare.h"
+#include "tests/support/paged_kv_fixture.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -54,34 +55,14 @@ Inputs make_inputs(const Case& c) {
   Inputs in;
   in.max_blocks = (longest + c.block_size - 1) / c.block_size + 1;  // a column past every context
   const int64_t num_blocks = in.max_blocks + 5;
-  KvShape shape;
-  shape.num_layers = 2, shape.block_size = c.block_size, shape.num_kv_heads = c.kv_heads, shape.head_dim = c.head_dim;
-  in.pool = std::make_unique<BlockPool>(shape, num_blocks, at::kFloat, at::Device(at::kCPU), c.dtype);
-  at::manual_seed(c.seed);
-  const int64_t slots = num_blocks * c.block_size;
-  // Keys of std 3: peaked softmaxes, so that partitions' maxima differ and the merge matters.
-  for (int64_t layer = 0; layer < 2; ++layer)
-    in.pool->write(layer, at::arange(slots, at::kLong), 3.0 * at::randn({slots, c.kv_heads, c.head_dim}),
-                   at::rand({slots, c.kv_heads, c.head_dim}) * 2.0 - 1.0);
+  in.pool = kvpipe::testing::random_kv_pool(c.kv_heads, c.head_dim, c.block_size, num_blocks, c.dtype, c.seed);
   in.query = at::randn({seqs, c.kv_heads * c.group, c.head_dim});
   in.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
-  std::mt19937 rng(c.seed);
-  in.tables.assign(static_cast<size_t>(seqs * in.max_blocks), -1);
-  std::vector<int32_t> order(static_cast<size_t>(num_blocks));
-  for (int64_t s = 0; s < seqs; ++s) {
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
-    const int64_t used = (c.context_lens[s] + c.block_size - 1) / c.block_size;
-    std::copy(order.begin(), order.begin() + used, in.tables.begin() + s * in.max_blocks);
-  }
+  in.tables = kvpipe::testing::scattered_block_tables(c.context_lens, c.block_size, in.max_blocks, num_blocks, c.seed);
   return in;
 }
 
-bool sees(int64_t k, int64_t p, const PagedDecodeWindow& w) {
-  if (k > p) return false;
-  if (w.recent > 0 && k >= w.sinks && k <= p - w.recent) return false;
-  return w.sliding <= 0 || k > p - w.sliding;
-}
+bool sees(int64_t k, int64_t p, const PagedDecodeWindow& w) { return kvpipe::testing::window_sees(k, p, w); }
 
 // Every visible key and value decoded by BlockPool::gather (the engine's own decode of the
 // stored type), one softmax over them in float64.
@@ -233,9 +214,9 @@ TEST(CpuPagedAttention, RefusesContextsAndBlocksOutsideThePool) {
   EXPECT_THROW(run_kernel(windowed, c), std::invalid_argument);
 }
 
-// Decode steps on the CPU take the paged kernel, every stored type and window included; prefill
-// stays per sequence.
-TEST(CpuPagedAttention, DecodeStepsTakeTheKernelOnTheCpu) {
+// Every step on the CPU takes the paged path (decode steps the decode kernel, prefill the tiled
+// prefill one), every stored type and window included, unless the per-sequence path is pinned.
+TEST(CpuPagedAttention, EveryStepTakesThePagedPathOnTheCpu) {
   KvShape shape;
   shape.num_layers = 1, shape.block_size = 16, shape.num_kv_heads = 2, shape.head_dim = 64;
   StepBatch decode, prefill;
@@ -253,25 +234,34 @@ TEST(CpuPagedAttention, DecodeStepsTakeTheKernelOnTheCpu) {
     windowed.window_recent = 4;
     EXPECT_EQ(choose_attention_path(at::kFloat, 64, false, pool, windowed, std::nullopt, /*masked_or_capped=*/true),
               AttentionPath::kPagedDecode);
-    EXPECT_EQ(choose_attention_path(at::kFloat, 64, false, pool, prefill, std::nullopt), AttentionPath::kPerSequence);
+    EXPECT_EQ(choose_attention_path(at::kFloat, 64, false, pool, prefill, std::nullopt), AttentionPath::kPagedDecode);
+    EXPECT_EQ(choose_attention_path(at::kFloat, 64, false, pool, prefill, AttentionPath::kPerSequence),
+              AttentionPath::kPerSequence);
     EXPECT_EQ(choose_attention_path(at::kFloat, 64, false, pool, decode, AttentionPath::kPerSequence),
               AttentionPath::kPerSequence);
   }
 }
 
-// Whole generations: the kernel's tokens and log-probabilities against the per-sequence path's
-// (KVPIPE_ATTENTION=per_sequence) on the same job, for a float32 cache, a q8_0 cache with a
-// window, and blocks of 5 tokens; the kernel's run must have taken the paged path.
+// Whole generations: the paged kernels' tokens and log-probabilities (the prompt on the prefill
+// kernel, then the decode one) against the per-sequence path's (KVPIPE_ATTENTION=per_sequence)
+// on the same job, for a float32 cache, a q8_0 cache with a window, and a bfloat16 cache in
+// blocks of 5 tokens; the kernels' run must have taken the paged path for every layer call.
+// The two paths' float32 rounding differs by about 1e-7; a 16- or 8-bit cache stores the next
+// layer's K/V rounded, and where such a difference moves a value across a rounding boundary it
+// becomes one step of the stored type (1/127 of a q8_0 group's largest value), hence each
+// cache type's own tolerance.
 TEST(CpuPagedAttention, GenerationMatchesThePerSequencePath) {
   const auto dir = kvpipe::testing::make_scratch_dir();
   std::string prompt;
-  for (int i = 0; i < 40; ++i) prompt += (i ? "," : "") + std::to_string((i * 53) % 500 + 3);
+  for (int i = 0; i < 100; ++i) prompt += (i ? "," : "") + std::to_string((i * 53) % 500 + 3);
   struct Variant {
     const char* name;
     const char* cache;
-  } variants[] = {{"float32", "cache: {block_size: 16, memory: 16MiB}"},
-                  {"q8_0 with a window", "cache: {block_size: 16, memory: 16MiB, dtype: q8_0, window: {sinks: 4, recent: 24}}"},
-                  {"blocks of 5", "cache: {block_size: 5, memory: 16MiB, dtype: bfloat16}"}};
+    double tolerance;
+  } variants[] = {{"float32", "cache: {block_size: 16, memory: 16MiB}", 1e-4},
+                  {"q8_0 with a window", "cache: {block_size: 16, memory: 16MiB, dtype: q8_0, window: {sinks: 4, recent: 24}}",
+                   2e-3},
+                  {"blocks of 5", "cache: {block_size: 5, memory: 16MiB, dtype: bfloat16}", 3e-4}};
   for (const Variant& v : variants) {
     kvpipe::testing::write_greedy_job(dir, "\"dummy:tiny\"", prompt, 24);
     {
@@ -291,11 +281,18 @@ TEST(CpuPagedAttention, GenerationMatchesThePerSequencePath) {
       const std::regex paged("attention layer calls paged ([0-9]+)");
       std::smatch m;
       ASSERT_TRUE(std::regex_search(result.err, m, paged)) << result.err;
-      if (i == 0) EXPECT_EQ(m[1], "0") << v.name;
-      else EXPECT_NE(m[1], "0") << v.name << ": the default run did not take the paged kernel";
+      const std::regex per_sequence("per_sequence ([0-9]+)");
+      std::smatch ps;
+      ASSERT_TRUE(std::regex_search(result.err, ps, per_sequence)) << result.err;
+      if (i == 0) {
+        EXPECT_EQ(m[1], "0") << v.name;
+      } else {
+        EXPECT_NE(m[1], "0") << v.name << ": the default run did not take the paged kernels";
+        EXPECT_EQ(ps[1], "0") << v.name << ": a step of the default run went per sequence";
+      }
       steps[i] = kvpipe::testing::parse_logprob_steps(kvpipe::testing::slurp(lp));
     }
-    const auto c = kvpipe::testing::compare_logprob_steps(steps[1], steps[0], 24, 1e-4, 1e-3);
+    const auto c = kvpipe::testing::compare_logprob_steps(steps[1], steps[0], 24, v.tolerance, 10 * v.tolerance);
     EXPECT_TRUE(c.failure.empty()) << v.name << ": " << c.failure;
     EXPECT_EQ(c.compared, 24) << v.name;
   }
