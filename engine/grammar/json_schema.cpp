@@ -345,7 +345,14 @@ class Compiler {
     if (s.contains("format")) {
       const json& f = s["format"];
       if (!f.is_string()) fail(join(at, "format"), "must be a string");
-      const std::string date = "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])";
+      // A calendar date, as jsonschema's "date" checker (Python's date.fromisoformat) takes it:
+      // years 0001-9999, each month's own days, February 29 only in leap years.
+      const std::string year = "([1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])";
+      const std::string leap_year = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)";
+      const std::string date = "(" + year +
+                               "-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|"
+                               "02-(0[1-9]|1[0-9]|2[0-8]))|" +
+                               leap_year + "-02-29)";
       const std::string time = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])";
       const std::string name = f.get<std::string>();
       if (name == "date") return "\"" + date + "\"";

@@ -301,6 +301,18 @@ TEST(JsonSchemaRegex, MatchesTheJsonTheSchemaAllowsAsJsonDumpsWritesIt) {
     EXPECT_FALSE(dfa.full_match(bad)) << bad;
 }
 
+// "format": "date" takes the dates Python's date.fromisoformat takes (what jsonschema checks):
+// each month's own days and February 29 only in leap years.
+TEST(JsonSchemaRegex, DatesAreCalendarDates) {
+  const RegexDfa dfa(json_schema_regex(nlohmann::ordered_json::parse(R"({"type": "string", "format": "date"})")), 50000);
+  for (const std::string ok : {"2023-01-31", "2023-02-28", "2024-02-29", "2000-02-29", "0004-02-29", "2023-04-30",
+                               "2023-12-31", "0001-01-01", "9999-12-31"})
+    EXPECT_TRUE(dfa.full_match("\"" + ok + "\"")) << ok;
+  for (const std::string bad : {"2023-02-30", "2023-02-29", "1900-02-29", "2100-02-29", "2023-04-31", "2023-06-31",
+                                "2023-09-31", "2023-11-31", "2023-01-32", "0000-01-01", "2023-00-10", "2023-01-00"})
+    EXPECT_FALSE(dfa.full_match("\"" + bad + "\"")) << bad;
+}
+
 TEST(JsonSchemaRegex, OptionalPropertiesAndFreeValues) {
   const RegexDfa dfa(json_schema_regex(nlohmann::ordered_json::parse(
       R"({"properties": {"a": {"type": "integer"}, "b": {}, "c": {"const": [1, {"x": true}]}}})")), 50000);
