@@ -24,6 +24,9 @@ struct VisibleKeys {
   int64_t a0 = 0, a1 = 0, b0 = 0, b1 = 0;
   int64_t count() const { return (a1 - a0) + (b1 - b0); }
   int64_t position(int64_t i) const { return i < a1 - a0 ? a0 + i : b0 + (i - (a1 - a0)); }
+  bool contains(int64_t k) const { return (a0 <= k && k < a1) || (b0 <= k && k < b1); }
+  // Every position of [begin, end) is visible.
+  bool covers(int64_t begin, int64_t end) const { return (a0 <= begin && end <= a1) || (b0 <= begin && end <= b1); }
 };
 
 inline VisibleKeys visible_keys(int64_t context_len, const PagedDecodeWindow& w) {
@@ -80,6 +83,12 @@ struct PortableOps {
 #if defined(__x86_64__)
 #define KVPIPE_PAGED_AVX2 __attribute__((target("avx2,fma,f16c")))
 
+KVPIPE_PAGED_AVX2 inline float horizontal_sum(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
 struct Avx2Ops {
   KVPIPE_PAGED_AVX2 static float dot(const float* a, const float* b, int64_t n) {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
@@ -89,11 +98,7 @@ struct Avx2Ops {
       s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
     }
     for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s0 = _mm256_add_ps(s0, s1);
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    float total = _mm_cvtss_f32(h);
+    float total = horizontal_sum(_mm256_add_ps(s0, s1));
     for (; i < n; ++i) total += a[i] * b[i];
     return total;
   }

@@ -112,12 +112,6 @@ KVPIPE_PAGED_AVX2 inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep);
 }
 
-KVPIPE_PAGED_AVX2 inline float horizontal_sum(__m256 v) {
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
-
 struct Avx2Tile {
   KVPIPE_PAGED_AVX2 static void scores(const float* q, int64_t rows, int64_t hd, const float* kt, float scale,
                                        float* s) {
@@ -180,15 +174,10 @@ struct Item {
 struct TileScratch {
   std::vector<float> q, kt, v, s, m, l, acc, row;
   std::vector<const float*> values;  // [kKeys]: each value row as float32 (the pool's own for float32)
-  std::vector<uint8_t> visible;  // [tokens, kKeys]
-  std::vector<uint8_t> any;      // [kKeys]
+  std::vector<VisibleKeys> seen;  // [tokens]: the keys each token sees
+  std::vector<uint8_t> visible;   // [tokens, kKeys]
+  std::vector<uint8_t> any;       // [kKeys]
 };
-
-bool sees(int64_t k, int64_t p, const PagedDecodeWindow& w) {
-  if (k > p) return false;
-  if (w.recent > 0 && k >= w.sinks && k <= p - w.recent) return false;
-  return w.sliding <= 0 || k > p - w.sliding;
-}
 
 template <class Ops, class Tile>
 void attend_tile(const float* q, int64_t num_heads, const PagedKvLayer& kv, const int32_t* table, int64_t max_blocks,
@@ -212,30 +201,28 @@ void attend_tile(const float* q, int64_t num_heads, const PagedKvLayer& kv, cons
     std::memcpy(t.q.data() + i * group * hd, q + ((item.first + i) * num_heads + item.head * group) * hd,
                 static_cast<size_t>(group * hd) * sizeof(float));
   const int64_t p_first = first_position + item.first, p_last = first_position + item.last - 1;
-  const bool windowed = window.recent > 0 || window.sliding > 0;
+  t.seen.resize(static_cast<size_t>(tokens));
+  for (int64_t i = 0; i < tokens; ++i) t.seen[i] = visible_keys(p_first + i + 1, window);
   // Every key a token of the tile sees lies in [a0, a1) or [b0, p_last]: the first token's
   // ranges joined to the last one's (a visible range's ends only move forward with the position).
-  const VisibleKeys head = visible_keys(p_first + 1, window), tail = visible_keys(p_last + 1, window);
-  const int64_t a0 = head.a0, a1 = tail.a1, b0 = head.b0;
+  const int64_t a0 = t.seen.front().a0, a1 = t.seen.back().a1, b0 = t.seen.front().b0;
   const float softcap = static_cast<float>(window.softcap);
   for (int64_t c0 = std::min(a0, b0) / kKeys * kKeys; c0 <= p_last; c0 += kKeys) {
     const int64_t c1 = c0 + kKeys;
-    if (!(c0 < a1 && a0 < c1) && !(c0 <= p_last && b0 < c1)) continue;
-    // Which keys each token sees: all of them in a chunk before the tile's first token when
-    // there is no window.
-    const bool all_visible = !windowed && c0 + kKeys - 1 <= p_first;
-    bool needed = all_visible;
+    if (!(c0 < a1 && a0 < c1) && !(b0 < c1)) continue;
+    // Which keys each token sees; no mask where every token sees the whole chunk.
+    const bool all_visible = std::all_of(t.seen.begin(), t.seen.end(),
+                                         [&](const VisibleKeys& v) { return v.covers(c0, c1); });
     if (!all_visible) {
       std::fill(t.any.begin(), t.any.end(), uint8_t{0});
       for (int64_t i = 0; i < tokens; ++i)
         for (int64_t j = 0; j < kKeys; ++j) {
-          const uint8_t v = sees(c0 + j, p_first + i, window) ? 1 : 0;
+          const uint8_t v = t.seen[i].contains(c0 + j) ? 1 : 0;
           t.visible[i * kKeys + j] = v;
           t.any[j] |= v;
         }
-      needed = std::find(t.any.begin(), t.any.end(), uint8_t{1}) != t.any.end();
+      if (std::find(t.any.begin(), t.any.end(), uint8_t{1}) == t.any.end()) continue;
     }
-    if (!needed) continue;
     for (int64_t j = 0; j < kKeys; ++j) {
       const int64_t k = c0 + j;
       float* vrow = t.v.data() + j * hd;
