@@ -446,7 +446,8 @@ class Validator {
   std::vector<Field> model_fields(ModelSection& m) {
     return {{"path", non_empty_string(&m.path)},
             {"dtype", choice(&m.dtype, {"auto", "float32", "float16", "bfloat16"})},
-            {"repack", boolean(&m.repack)}};
+            {"repack", boolean(&m.repack)},
+            {"huge_pages", boolean(&m.huge_pages)}};
   }
 
   std::vector<Field> runtime_fields(RuntimeSection& r) {

@@ -1,5 +1,7 @@
 #include "launch/job_runner.h"
 
+#include "engine/model/huge_pages.h"
+
 #include "cache/block_pool.h"
 #include "engine/decode_graphs.h"
 #include "engine/model_shard.h"
@@ -7,6 +9,7 @@
 #include "engine/kernels/cpu/interleaved_blocks.h"
 #include "engine/kernels/cpu/quant_types.h"
 #include "engine/kernels/cpu/thread_pool.h"
+#include "engine/model/huge_pages.h"
 #include "engine/model/model_weights.h"
 #include "engine/pipeline_executor.h"
 #include "engine/speculative/draft_model.h"
@@ -62,13 +65,25 @@ namespace {
 ModelWeights loaded_weights(const JobConfig& job, const std::string& path, const ModelConfig& cfg,
                             const WeightSelection& sel, at::ScalarType dtype, at::Device device, const char* what) {
   ModelWeights w = load_weights(path, cfg, sel, dtype, device);
-  if (!job.model.repack || !device.is_cpu()) return w;
-  const int64_t bytes = interleave_weights(w);
-  if (bytes > 0)
-    log_printf(LogLevel::kInfo,
-               "model.repack: %.1f MiB of the %s's weights in groups of 8 rows (%s kernels), held in process memory "
-               "instead of the file's shared pages",
-               double(bytes) / double(1 << 20), what, interleave_isa_name(interleave_choice()));
+  if (!device.is_cpu()) return w;
+  if (job.model.repack) {
+    const int64_t bytes = interleave_weights(w);
+    if (bytes > 0)
+      log_printf(LogLevel::kInfo,
+                 "model.repack: %.1f MiB of the %s's weights in groups of 8 rows (%s kernels), held in process "
+                 "memory instead of the file's shared pages",
+                 double(bytes) / double(1 << 20), what, interleave_isa_name(interleave_choice()));
+  }
+  if (job.model.huge_pages) {
+    // After the repack: the matrices the kernels stream are the ones to move.
+    const HugePageOutcome pages = back_weights_with_huge_pages(w);
+    if (pages.refused.empty())
+      log_printf(LogLevel::kInfo, "model.huge_pages: %.1f MiB of the %s's matrices on 2 MiB pages",
+                 double(pages.bytes) / double(1 << 20), what);
+    else
+      log_printf(LogLevel::kInfo, "model.huge_pages: the %s's matrices stay on 4 KiB pages (%s)", what,
+                 pages.refused.c_str());
+  }
   return w;
 }
 

@@ -139,6 +139,23 @@ TEST_F(CliTest, GeneratePrintsOneJsonLinePerRequestAndLogprobs) {
   EXPECT_EQ(count, 10);
 }
 
+// model.huge_pages moves the loaded matrices onto 2 MiB pages: the log says how much (or why
+// not), and the job's log-probabilities are the same bits as on 4 KiB pages.
+TEST_F(CliTest, HugePagesChangeNoNumber) {
+  const fs::path job = write_job("dummy:tiny");
+  auto run = [&](const std::string& on) {
+    const fs::path lp = dir_ / ("huge_" + on + ".jsonl");
+    const CommandResult r = kvpipe("generate --config " + job.string() + " --set model.huge_pages=" + on +
+                                   " --logprobs-out " + lp.string());
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.err.find("model.huge_pages: ") != std::string::npos, on == "true") << r.err;
+    return slurp(lp);
+  };
+  const std::string on = run("true"), off = run("false");
+  EXPECT_FALSE(on.empty());
+  EXPECT_EQ(on, off);
+}
+
 TEST_F(CliTest, DummyPresetIsTheInitModelPreset) {
   const fs::path m = dir_ / "tiny";
   ASSERT_EQ(kvpipe("init-model --preset tiny --out " + m.string()).code, 0);

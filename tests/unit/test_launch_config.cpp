@@ -261,6 +261,12 @@ TEST(LaunchConfigModel, RepackIsOnByDefaultAndABoolean) {
   EXPECT_TRUE(mentions(problems_of("model: {path: dummy:tiny, repack: sometimes}\n"), "model.repack"));
 }
 
+TEST(LaunchConfigModel, HugePagesAreOnByDefaultAndABoolean) {
+  EXPECT_TRUE(parse_job_config(kModel, "job.yaml").model.huge_pages);
+  EXPECT_FALSE(parse_job_config("model: {path: dummy:tiny, huge_pages: false}\n", "job.yaml").model.huge_pages);
+  EXPECT_TRUE(mentions(problems_of("model: {path: dummy:tiny, huge_pages: 2MiB}\n"), "model.huge_pages"));
+}
+
 TEST(LaunchConfigWhere, KeysRememberTheirPosition) {
   const JobConfig job = parse_job_config(kModel + "cache:\n  block_size: 8\n", "job.yaml", {"sampling.seed=3"});
   EXPECT_EQ(job.where.at("cache.block_size"), "job.yaml:3:3");
