@@ -169,6 +169,41 @@ TEST_P(QuantMatmul, RowResultsDoNotDependOnTheBatch) {
   }
 }
 
+// A decode kernel takes the rows of its range two at a time (one from each half, so that
+// their weights stream from two places at once); a row's result is the one it gets alone, for
+// every range it can fall in, odd lengths included.
+TEST_P(QuantMatmul, RowResultsDoNotDependOnTheRowRange) {
+  const QuantType type = GetParam();
+  const int64_t cols = 256, rows = 11;
+  const std::vector<uint8_t> w = random_rows(type, rows, cols, 17);
+  const int64_t row_bytes = quant_row_bytes(type, cols);
+  const ActivationType at = quant_traits(type).activation;
+  const int64_t stride = at == ActivationType::F32 ? cols * 4 : activation_row_bytes(at, cols);
+  std::mt19937 gen(21);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(kMaxKernelInputs * cols));
+  for (auto& v : x) v = normal(gen);
+  std::vector<uint8_t> a(static_cast<size_t>(kMaxKernelInputs * stride));
+  for (int64_t j = 0; j < kMaxKernelInputs; ++j) {
+    if (at == ActivationType::F32) std::memcpy(a.data() + j * stride, x.data() + j * cols, cols * sizeof(float));
+    else quantize_activation_row(at, x.data() + j * cols, a.data() + j * stride, cols);
+  }
+  const DotKernel kernel = dot_kernel(type);
+  for (int inputs = 1; inputs <= kMaxKernelInputs; ++inputs) {
+    std::vector<float> alone(static_cast<size_t>(inputs * rows));
+    for (int64_t r = 0; r < rows; ++r) kernel(w.data(), row_bytes, a.data(), stride, inputs, alone.data(), rows, r, r + 1, cols);
+    for (int64_t begin = 0; begin < 4; ++begin)
+      for (int64_t end = begin + 1; end <= rows; ++end) {
+        std::vector<float> y(static_cast<size_t>(inputs * rows), -1.0f);
+        kernel(w.data(), row_bytes, a.data(), stride, inputs, y.data(), rows, begin, end, cols);
+        for (int j = 0; j < inputs; ++j)
+          for (int64_t r = begin; r < end; ++r)
+            ASSERT_EQ(y[j * rows + r], alone[j * rows + r])
+                << quant_name(type) << " inputs=" << inputs << " rows [" << begin << ", " << end << ") row " << r;
+      }
+  }
+}
+
 // The path follows from the input count (and the processor) alone, never from a timing: the paths round
 // differently, so a clock-made choice let a loaded machine change a job's tokens.
 TEST_P(QuantMatmul, PathIsChosenByInputCountAlone) {

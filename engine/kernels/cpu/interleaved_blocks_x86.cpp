@@ -121,35 +121,41 @@ struct Q8SumsVnni {
   }
 };
 
-// kInputs inputs from j0 times one group of BLOCK_BYTES-byte blocks; the float operations are
-// the portable kernels', in their order.
-#define KVPIPE_INTERLEAVED_TILE(NAME, ATTR, SUMS, BLOCK_BYTES)                                                     \
-  template <int kInputs>                                                                                          \
-  struct NAME { ATTR static void run(const uint8_t* wg, const Activations& a, int64_t j0, float* y, int64_t ldy) { \
-    __m256 acc[kInputs];                                                                                          \
+// kInputs inputs from j0 times kGroups groups of BLOCK_BYTES-byte blocks (wg[i], results at
+// y[i]): more than one group only for a lone input, whose groups then stream from as many
+// places in memory at once (a core keeps more reads in flight over two streams than over
+// one). The float operations are the portable kernels', in their order, for each group alone.
+#define KVPIPE_INTERLEAVED_TILE(NAME, ATTR, SUMS, BLOCK_BYTES)                                                    \
+  template <int kInputs, int kGroups = 1>                                                                         \
+  struct NAME { ATTR static void run(const uint8_t* const* wg, const Activations& a, int64_t j0, float* const* y, \
+                                     int64_t ldy) {                                                               \
+    __m256 acc[kGroups][kInputs];                                                                                 \
     const uint8_t* xr[kInputs];                                                                                   \
     const float* da[kInputs];                                                                                     \
     const int32_t* off[kInputs];                                                                                  \
     for (int j = 0; j < kInputs; ++j) {                                                                           \
-      acc[j] = _mm256_setzero_ps();                                                                               \
+      for (int i = 0; i < kGroups; ++i) acc[i][j] = _mm256_setzero_ps();                                          \
       xr[j] = a.x + (j0 + j) * a.x_stride + 2;                                                                    \
       da[j] = a.da + (j0 + j) * a.blocks;                                                                         \
       off[j] = a.offset + (j0 + j) * a.blocks;                                                                    \
     }                                                                                                             \
     for (int64_t b = 0; b < a.blocks; ++b) {                                                                      \
-      const uint8_t* wb = wg + b * BLOCK_BYTES;                                                                   \
-      if (j0 == 0) /* later tiles find the group in cache */                                                      \
-        for (int64_t line = 0; line < BLOCK_BYTES; line += 64)                                                    \
-          _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + line), _MM_HINT_T0);                   \
-      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));                   \
-      const typename SUMS::Weights v = SUMS::load(wb + 2 * kGroupRows);                                           \
-      _Pragma("GCC unroll 8") for (int j = 0; j < kInputs; ++j) {                                                 \
-        const __m256i sum = SUMS::block(v, xr[j] + b * kQ8_0ActivationBytes, off[j][b]);                          \
-        const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(da[j][b]));                                         \
-        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[j]);                                         \
+       _Pragma("GCC unroll 2") for (int i = 0; i < kGroups; ++i) {                                                 \
+        const uint8_t* wb = wg[i] + b * BLOCK_BYTES;                                                              \
+        if (j0 == 0) /* later tiles find the group in cache */                                                    \
+          for (int64_t line = 0; line < BLOCK_BYTES; line += 64)                                                  \
+            _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + line), _MM_HINT_T0);                 \
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));                 \
+        const typename SUMS::Weights v = SUMS::load(wb + 2 * kGroupRows);                                         \
+        _Pragma("GCC unroll 8") for (int j = 0; j < kInputs; ++j) {                                               \
+          const __m256i sum = SUMS::block(v, xr[j] + b * kQ8_0ActivationBytes, off[j][b]);                        \
+          const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(da[j][b]));                                       \
+          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[i][j]);                                 \
+        }                                                                                                         \
       }                                                                                                           \
     }                                                                                                             \
-    for (int j = 0; j < kInputs; ++j) _mm256_storeu_ps(y + (j0 + j) * ldy, acc[j]);                               \
+    for (int i = 0; i < kGroups; ++i)                                                                             \
+      for (int j = 0; j < kInputs; ++j) _mm256_storeu_ps(y[i] + (j0 + j) * ldy, acc[i][j]);                       \
   } };
 
 KVPIPE_INTERLEAVED_TILE(q4_0_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, SumsAvx2, kQ4_0GroupBlockBytes)
@@ -159,26 +165,41 @@ KVPIPE_INTERLEAVED_TILE(q8_0_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, Q8SumsVnni, k
 
 // Groups [g_begin, g_end), their inputs in tiles of kWide (Tile<k>::run, k inputs each), then
 // one of 4 where kWide is 8, then one of what is left. kWide is as many inputs as the registers
-// hold beside a block's weight vectors (the entry points below say which).
-template <template <int> class Tile, int kWide, typename Acts>
+// hold beside a block's weight vectors (the entry points below say which). A lone input takes
+// its groups two at a time, one from each half of the range (Tile<1, 2>).
+template <template <int, int> class Tile, int kWide, typename Acts>
 void tiled_groups(const uint8_t* w, int64_t g_begin, int64_t g_end, int64_t group_bytes, const Acts& a, int64_t n,
                   float* y, int64_t ldy) {
   static_assert(kWide == 2 || kWide == 4 || kWide == 8, "tiles of 2, 4 or 8 inputs");
+  if (n == 1) {
+    const int64_t half = (g_end - g_begin) / 2;
+    for (int64_t g = g_begin; g < g_begin + half; ++g) {
+      const uint8_t* wg[2] = {w + g * group_bytes, w + (g + half) * group_bytes};
+      float* yg[2] = {y + g * kGroupRows, y + (g + half) * kGroupRows};
+      Tile<1, 2>::run(wg, a, 0, yg, ldy);
+    }
+    for (int64_t g = g_begin + 2 * half; g < g_end; ++g) {
+      const uint8_t* wg = w + g * group_bytes;
+      float* yg = y + g * kGroupRows;
+      Tile<1, 1>::run(&wg, a, 0, &yg, ldy);
+    }
+    return;
+  }
   for (int64_t g = g_begin; g < g_end; ++g) {
-    const uint8_t* wg = w + g * group_bytes;
-    float* yg = y + g * kGroupRows;
+    const uint8_t* const wg = w + g * group_bytes;
+    float* const yg = y + g * kGroupRows;
     int64_t j = 0;
-    for (; j + kWide <= n; j += kWide) Tile<kWide>::run(wg, a, j, yg, ldy);
+    for (; j + kWide <= n; j += kWide) Tile<kWide, 1>::run(&wg, a, j, &yg, ldy);
     if constexpr (kWide == 8)
       if (n - j >= 4) {
-        Tile<4>::run(wg, a, j, yg, ldy);
+        Tile<4, 1>::run(&wg, a, j, &yg, ldy);
         j += 4;
       }
     if constexpr (kWide > 2) {
-      if (n - j == 3) Tile<3>::run(wg, a, j, yg, ldy);
-      if (n - j == 2) Tile<2>::run(wg, a, j, yg, ldy);
+      if (n - j == 3) Tile<3, 1>::run(&wg, a, j, &yg, ldy);
+      if (n - j == 2) Tile<2, 1>::run(&wg, a, j, &yg, ldy);
     }
-    if (n - j == 1) Tile<1>::run(wg, a, j, yg, ldy);
+    if (n - j == 1) Tile<1, 1>::run(&wg, a, j, &yg, ldy);
   }
 }
 
@@ -210,18 +231,19 @@ struct SuperVnni {
   KVPIPE_INTERLEAVED_VNNI static __m256i scaled(Sum s, __m256i scale32) { return _mm256_mullo_epi32(s, scale32); }
 };
 
-#define KVPIPE_INTERLEAVED_SUPER_TILE(NAME, ATTR, OPS)                                                             \
-  template <int kInputs>                                                                                          \
-  struct NAME { ATTR static void run(const uint8_t* wg, const SuperActivations& a, int64_t j0, float* y, int64_t ldy) {               \
+#define KVPIPE_INTERLEAVED_SUPER_TILE(NAME, ATTR, OPS)                                                            \
+  template <int kInputs, int kGroups = 1>                                                                         \
+  struct NAME { ATTR static void run(const uint8_t* const* wg, const SuperActivations& a, int64_t j0, float* const* y, int64_t ldy) { \
     const __m256i mask = _mm256_set1_epi8(0x0f);                                                                  \
-    __m256 acc[kInputs];                                                                                          \
+    __m256 acc[kGroups][kInputs];                                                                                 \
     const uint8_t* xr[kInputs];                                                                                   \
     for (int j = 0; j < kInputs; ++j) {                                                                           \
-      acc[j] = _mm256_setzero_ps();                                                                               \
+      for (int i = 0; i < kGroups; ++i) acc[i][j] = _mm256_setzero_ps();                                          \
       xr[j] = a.x + (j0 + j) * a.x_stride + 4;                                                                    \
     }                                                                                                             \
     for (int64_t b = 0; b < a.blocks; ++b) {                                                                      \
-      const uint8_t* wb = wg + b * kQ4KGroupBlockBytes;                                                           \
+      _Pragma("GCC unroll 2") for (int i = 0; i < kGroups; ++i) {                                                  \
+      const uint8_t* wb = wg[i] + b * kQ4KGroupBlockBytes;                                                        \
       if (j0 == 0)                                                                                                \
         for (int64_t off = 0; off < kQ4KGroupBlockBytes; off += 64)                                               \
           _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + off), _MM_HINT_T0);                    \
@@ -258,11 +280,13 @@ struct SuperVnni {
         __m256i summ = _mm256_madd_epi16(mins[0], _mm256_set1_epi32(pairs[0]));                                   \
         for (int p = 1; p < 4; ++p) summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mins[p], _mm256_set1_epi32(pairs[p]))); \
         const __m256 da = _mm256_set1_ps(a.da[(j0 + j) * a.blocks + b]);                                          \
-        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[j]), _mm256_mul_ps(dw, da), acc[j]);                     \
-        acc[j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dm, da), acc[j]);                       \
+        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[j]), _mm256_mul_ps(dw, da), acc[i][j]);               \
+        acc[i][j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dm, da), acc[i][j]);                 \
       }                                                                                                           \
     }                                                                                                             \
-    for (int j = 0; j < kInputs; ++j) _mm256_storeu_ps(y + (j0 + j) * ldy, acc[j]);                               \
+      }                                                                                                          \
+    for (int i = 0; i < kGroups; ++i)                                                                             \
+      for (int j = 0; j < kInputs; ++j) _mm256_storeu_ps(y[i] + (j0 + j) * ldy, acc[i][j]);                       \
   } };
 
 KVPIPE_INTERLEAVED_SUPER_TILE(super_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, SuperAvx2)
@@ -296,18 +320,19 @@ struct Q6Vnni {
   }
 };
 
-#define KVPIPE_INTERLEAVED_Q6K_TILE(NAME, ATTR, OPS)                                                               \
-  template <int kInputs>                                                                                          \
-  struct NAME { ATTR static void run(const uint8_t* wg, const SuperActivations& a, int64_t j0, float* y, int64_t ldy) {               \
+#define KVPIPE_INTERLEAVED_Q6K_TILE(NAME, ATTR, OPS)                                                              \
+  template <int kInputs, int kGroups = 1>                                                                         \
+  struct NAME { ATTR static void run(const uint8_t* const* wg, const SuperActivations& a, int64_t j0, float* const* y, int64_t ldy) { \
     const __m256i low4 = _mm256_set1_epi8(0x0f), high2 = _mm256_set1_epi8(0x30);                                  \
-    __m256 acc[kInputs];                                                                                          \
+    __m256 acc[kGroups][kInputs];                                                                                 \
     const uint8_t* xr[kInputs];                                                                                   \
     for (int j = 0; j < kInputs; ++j) {                                                                           \
-      acc[j] = _mm256_setzero_ps();                                                                               \
+      for (int i = 0; i < kGroups; ++i) acc[i][j] = _mm256_setzero_ps();                                          \
       xr[j] = a.x + (j0 + j) * a.x_stride + 4;                                                                    \
     }                                                                                                             \
     for (int64_t b = 0; b < a.blocks; ++b) {                                                                      \
-      const uint8_t* wb = wg + b * kQ6KGroupBlockBytes;                                                           \
+      _Pragma("GCC unroll 2") for (int i = 0; i < kGroups; ++i) {                                                  \
+      const uint8_t* wb = wg[i] + b * kQ6KGroupBlockBytes;                                                        \
       if (j0 == 0)                                                                                                \
         for (int64_t off = 0; off < kQ6KGroupBlockBytes; off += 64)                                               \
           _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + off), _MM_HINT_T0);                    \
@@ -343,10 +368,12 @@ struct Q6Vnni {
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));                   \
       for (int j = 0; j < kInputs; ++j) {                                                                         \
         const __m256 da = _mm256_set1_ps(a.da[(j0 + j) * a.blocks + b]);                                          \
-        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[j]), _mm256_mul_ps(dw, da), acc[j]);                     \
+        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[j]), _mm256_mul_ps(dw, da), acc[i][j]);               \
       }                                                                                                           \
     }                                                                                                             \
-    for (int j = 0; j < kInputs; ++j) _mm256_storeu_ps(y + (j0 + j) * ldy, acc[j]);                               \
+      }                                                                                                          \
+    for (int i = 0; i < kGroups; ++i)                                                                             \
+      for (int j = 0; j < kInputs; ++j) _mm256_storeu_ps(y[i] + (j0 + j) * ldy, acc[i][j]);                       \
   } };
 
 KVPIPE_INTERLEAVED_Q6K_TILE(q6k_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, Q6Avx2)
