@@ -137,8 +137,11 @@ TEST_P(QuantMatmul, BothPathsMatchFloat64OnAnyThreadCount) {
             // Q4_1's and Q5_1's kernels take the activation block sum as Q8_1 stores it, in
             // float16 (as ggml does): 2^-11 relative on that term (exact in test_quant_legacy).
             const bool q8_1 = type == QuantType::Q4_1 || type == QuantType::Q5_1;
-            // The bfloat16 products round the activations to bfloat16: 2^-9 relative each.
-            const double rel = path == MatmulPath::kBf16 ? 2.5e-3 : q8_1 ? 1e-3 : 1e-5;
+            // The bfloat16 products round the activations to bfloat16: 2^-9 relative each
+            // (BF16's kernel path too, where the processor has them: bf16_decode).
+            const bool bf16 = path == MatmulPath::kBf16 ||
+                              (type == QuantType::BF16 && path == MatmulPath::kKernel && bf16_gemm_choice());
+            const double rel = bf16 ? 2.5e-3 : q8_1 ? 1e-3 : 1e-5;
             const double tol = rel * magnitude[i * rows + r] + 1e-6;
             ASSERT_NEAR(y[i * (rows + 3) + r], want, tol)
                 << quant_name(type) << " " << matmul_path_name(path) << " n=" << n << " threads=" << threads;

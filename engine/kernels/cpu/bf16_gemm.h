@@ -1,7 +1,8 @@
-// bf16_gemm: prompt-sized products y = x W^T for BF16 weights on processors with AVX512-BF16,
-// as llama.cpp multiplies a BF16 model's prompt: the activations rounded to bfloat16 once per
-// call, then one vdpbf16ps per pair of values of 16 rows (twice sgemm's multiply-adds per
-// instruction), instead of widening weight tiles to float32 for sgemm.
+// bf16_gemm: products y = x W^T for BF16 weights on processors with AVX512-BF16, as llama.cpp
+// multiplies a BF16 model (prompt and decode alike): the activations rounded to bfloat16 once
+// per call, then vdpbf16ps (twice float32's multiply-adds per instruction) instead of widening
+// the weights to float32. Prompts take packed tiles of 16 rows (bf16_gemm); decode batches the
+// stored rows as they are (bf16_decode).
 //
 // Owns the per-call repack of each thread's weight rows into interleaved groups of 16 (pair p
 // of row i at word 16 p + i, so that one 64-byte load holds the next pair of all 16 rows) in a
@@ -38,5 +39,15 @@ std::optional<Bf16GemmIsa> bf16_gemm_choice();
 // `isa` does not run here or cols is odd.
 void bf16_gemm(Bf16GemmIsa isa, const float* x, int64_t n, int64_t ldx, const uint16_t* w, int64_t rows,
                int64_t cols, float* y, int64_t ldy);
+
+// The same product for decode-sized inputs (up to 64; any count works) without the per-call
+// repack: the activations rounded to bfloat16 once, then each stored row's dot with vdpbf16ps
+// (32 values an instruction, the row read once for up to 4 inputs, a slice of rows kept in
+// cache for the next 4), each row's 16 lanes summed at its end. A row's result depends neither
+// on the other inputs nor on how rows are split (into threads, slices, or the pairs of rows
+// read as two streams), so a sequence gets the same numbers alone and in a batch. AVX512-BF16
+// only: throws std::invalid_argument for kPortable, where it does not run, or for odd cols.
+void bf16_decode(Bf16GemmIsa isa, const float* x, int64_t n, int64_t ldx, const uint16_t* w, int64_t rows,
+                 int64_t cols, float* y, int64_t ldy);
 
 }  // namespace kvpipe

@@ -20,4 +20,13 @@ void tile_portable(const uint32_t* group, const uint32_t* xb, int64_t pairs, int
 void tile_avx512bf16(const uint32_t* group, const uint32_t* xb, int64_t pairs, int64_t j0, int64_t count, float* y,
                      int64_t ldy, int valid);
 
+// Decode: rows [r_begin, r_end) of the stored BF16 matrix w (cols values a row, cols even)
+// times `inputs` (1..kDecodeInputs) activation rows in bfloat16 at xb, ldx values apart:
+// y[m * ldy + r]. Each row's 16 lanes take vdpbf16ps over its 32-value chunks in column order
+// (the last one zero-padded), then _mm512_reduce_add_ps; the rows go in pairs, one from each
+// half of the range, so that two streams of weights are in flight.
+constexpr int kDecodeInputs = 4;
+void decode_rows_avx512bf16(const uint16_t* w, int64_t cols, const uint16_t* xb, int64_t ldx, int inputs,
+                            int64_t r_begin, int64_t r_end, float* y, int64_t ldy);
+
 }  // namespace kvpipe::bf16_gemm_impl

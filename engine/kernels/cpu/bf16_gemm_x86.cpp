@@ -30,7 +30,64 @@ KVPIPE_BF16_ATTR void tile_inputs(const uint32_t* group, const uint32_t* xb, int
   for (int j = 0; j < kInputs; ++j) _mm512_mask_storeu_ps(y + (j0 + j) * ldy, rows, acc[j]);
 }
 
+// One row's next 32 values (or the `tail` left, zero-padded: a zero product adds nothing).
+KVPIPE_BF16_ATTR inline __m512bh load_chunk(const uint16_t* p, __mmask32 mask) {
+  return reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(mask, p));
+}
+
+// Columns [c, c + 32) of row_a (and row_b where kPaired), `mask` of them present, into the
+// inputs' accumulators.
+template <int kInputs, bool kPaired>
+KVPIPE_BF16_ATTR inline void decode_chunk(const uint16_t* row_a, const uint16_t* row_b, const uint16_t* xb,
+                                          int64_t ldx, int64_t c, __mmask32 mask, __m512* acc_a, __m512* acc_b) {
+  const __m512bh wa = load_chunk(row_a + c, mask);
+  const __m512bh wb = kPaired ? load_chunk(row_b + c, mask) : wa;
+  for (int m = 0; m < kInputs; ++m) {
+    const __m512bh xm = load_chunk(xb + m * ldx + c, mask);
+    acc_a[m] = _mm512_dpbf16_ps(acc_a[m], wa, xm);
+    if constexpr (kPaired) acc_b[m] = _mm512_dpbf16_ps(acc_b[m], wb, xm);
+  }
+}
+
+// Row r_a (and r_b where kPaired) times the inputs, the two rows' chunks in turn.
+template <int kInputs, bool kPaired>
+KVPIPE_BF16_ATTR inline void decode_row(const uint16_t* w, int64_t cols, const uint16_t* xb, int64_t ldx, int64_t r_a,
+                                        int64_t r_b, float* y, int64_t ldy) {
+  const int64_t full = cols / 32 * 32;
+  const __mmask32 tail = static_cast<__mmask32>((uint64_t{1} << (cols - full)) - 1u);
+  const uint16_t* row_a = w + r_a * cols;
+  const uint16_t* row_b = w + r_b * cols;
+  __m512 acc_a[kInputs], acc_b[kInputs];
+  for (int m = 0; m < kInputs; ++m) acc_a[m] = acc_b[m] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < full; c += 32)
+    decode_chunk<kInputs, kPaired>(row_a, row_b, xb, ldx, c, ~__mmask32{0}, acc_a, acc_b);
+  if (tail != 0) decode_chunk<kInputs, kPaired>(row_a, row_b, xb, ldx, full, tail, acc_a, acc_b);
+  for (int m = 0; m < kInputs; ++m) {
+    y[m * ldy + r_a] = _mm512_reduce_add_ps(acc_a[m]);
+    if constexpr (kPaired) y[m * ldy + r_b] = _mm512_reduce_add_ps(acc_b[m]);
+  }
+}
+
+template <int kInputs>
+KVPIPE_BF16_ATTR void decode_rows(const uint16_t* w, int64_t cols, const uint16_t* xb, int64_t ldx, int64_t r_begin,
+                                  int64_t r_end, float* y, int64_t ldy) {
+  const int64_t half = (r_end - r_begin) / 2;
+  for (int64_t r = r_begin; r < r_begin + half; ++r) decode_row<kInputs, true>(w, cols, xb, ldx, r, r + half, y, ldy);
+  for (int64_t r = r_begin + 2 * half; r < r_end; ++r) decode_row<kInputs, false>(w, cols, xb, ldx, r, r, y, ldy);
+}
+
 }  // namespace
+
+KVPIPE_BF16_ATTR void decode_rows_avx512bf16(const uint16_t* w, int64_t cols, const uint16_t* xb, int64_t ldx,
+                                             int inputs, int64_t r_begin, int64_t r_end, float* y, int64_t ldy) {
+  switch (inputs) {
+    case 1: return decode_rows<1>(w, cols, xb, ldx, r_begin, r_end, y, ldy);
+    case 2: return decode_rows<2>(w, cols, xb, ldx, r_begin, r_end, y, ldy);
+    case 3: return decode_rows<3>(w, cols, xb, ldx, r_begin, r_end, y, ldy);
+    case 4: return decode_rows<4>(w, cols, xb, ldx, r_begin, r_end, y, ldy);
+    default: return;
+  }
+}
 
 KVPIPE_BF16_ATTR void tile_avx512bf16(const uint32_t* group, const uint32_t* xb, int64_t pairs, int64_t j0,
                                       int64_t count, float* y, int64_t ldy, int valid) {

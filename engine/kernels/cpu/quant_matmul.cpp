@@ -121,7 +121,14 @@ void run_blas(const float* x, int64_t n, int64_t ldx, const Activations& a, Quan
 void run_path(MatmulPath path, const float* x, int64_t n, int64_t ldx, const Activations& a, QuantType type,
               const uint8_t* w, int64_t rows, int64_t cols, float* y, int64_t ldy) {
   switch (path) {
-    case MatmulPath::kKernel: return run_kernels(a, n, type, w, rows, cols, y, ldy);
+    case MatmulPath::kKernel:
+      // BF16 rows multiply bfloat16 activations wherever the processor has the instruction
+      // (prompts included), as llama.cpp does: a decode step gets the same rounding as its
+      // prompt, and a batch twice float32's multiply-adds per instruction.
+      if (type == QuantType::BF16 && cols % 2 == 0)
+        if (const std::optional<Bf16GemmIsa> isa = bf16_gemm_choice())
+          return bf16_decode(*isa, x, n, ldx, reinterpret_cast<const uint16_t*>(w), rows, cols, y, ldy);
+      return run_kernels(a, n, type, w, rows, cols, y, ldy);
     case MatmulPath::kBlas: return run_blas(x, n, ldx, a, type, w, rows, cols, y, ldy);
     case MatmulPath::kInt8: {
       const std::optional<Int8GemmIsa> isa = int8_gemm_choice(type);

@@ -11,7 +11,9 @@
 //     by the 8-bit activations in the integer units) for the quantised types that have them
 //     on this processor: what prefill's long inputs want;
 //   - the bfloat16 products (bf16_gemm.h: activations rounded to bfloat16, multiplied by BF16
-//     rows with AVX512-BF16) for BF16 weights where the processor has them;
+//     rows with AVX512-BF16) for BF16 weights where the processor has them: packed tiles for
+//     prompts, and in place of the dot kernels the stored rows for decode (bf16_decode), so
+//     that a BF16 model's decode rounds its activations as its prompt does;
 //   - the interleaved kernels (interleaved_blocks.h) for matrices repacked at load, at every
 //     input count;
 //   - BLAS (single-threaded sgemm on each thread's slice of rows, after dequantising a tile of
