@@ -1,7 +1,5 @@
 #include "launch/job_runner.h"
 
-#include "engine/model/huge_pages.h"
-
 #include "cache/block_pool.h"
 #include "engine/decode_graphs.h"
 #include "engine/model_shard.h"

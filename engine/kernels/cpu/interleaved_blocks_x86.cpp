@@ -140,7 +140,7 @@ struct Q8SumsVnni {
       off[j] = a.offset + (j0 + j) * a.blocks;                                                                    \
     }                                                                                                             \
     for (int64_t b = 0; b < a.blocks; ++b) {                                                                      \
-       _Pragma("GCC unroll 2") for (int i = 0; i < kGroups; ++i) {                                                 \
+      _Pragma("GCC unroll 2") for (int i = 0; i < kGroups; ++i) {                                                 \
         const uint8_t* wb = wg[i] + b * BLOCK_BYTES;                                                              \
         if (j0 == 0) /* later tiles find the group in cache */                                                    \
           for (int64_t line = 0; line < BLOCK_BYTES; line += 64)                                                  \
@@ -242,49 +242,49 @@ struct SuperVnni {
       xr[j] = a.x + (j0 + j) * a.x_stride + 4;                                                                    \
     }                                                                                                             \
     for (int64_t b = 0; b < a.blocks; ++b) {                                                                      \
-      _Pragma("GCC unroll 2") for (int i = 0; i < kGroups; ++i) {                                                  \
-      const uint8_t* wb = wg[i] + b * kQ4KGroupBlockBytes;                                                        \
-      if (j0 == 0)                                                                                                \
-        for (int64_t off = 0; off < kQ4KGroupBlockBytes; off += 64)                                               \
-          _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + off), _MM_HINT_T0);                    \
-      __m256i sumi[kInputs];                                                                                      \
-      for (int j = 0; j < kInputs; ++j) sumi[j] = _mm256_setzero_si256();                                         \
-      for (int p = 0; p < 4; ++p) {                                                                               \
-        typename OPS::Sum lo[kInputs], hi[kInputs];                                                               \
-        for (int j = 0; j < kInputs; ++j) lo[j] = hi[j] = OPS::zero();                                            \
-        const uint8_t* q = wb + kQ4KQs + 256 * p;                                                                 \
-        _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k) {                                                     \
-          const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k));                 \
-          const __m256i vlo = _mm256_and_si256(bytes, mask);                                                      \
-          const __m256i vhi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);                                \
-          for (int j = 0; j < kInputs; ++j) {                                                                     \
-            const uint8_t* xq = xr[j] + b * kQ8KActivationBytes + 64 * p + 4 * k;                                 \
-            lo[j] = OPS::add(lo[j], vlo, xq);                                                                     \
-            hi[j] = OPS::add(hi[j], vhi, xq + 32);                                                                \
+      _Pragma("GCC unroll 2") for (int i = 0; i < kGroups; ++i) {                                                 \
+        const uint8_t* wb = wg[i] + b * kQ4KGroupBlockBytes;                                                      \
+        if (j0 == 0)                                                                                              \
+          for (int64_t off = 0; off < kQ4KGroupBlockBytes; off += 64)                                             \
+            _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + off), _MM_HINT_T0);                  \
+        __m256i sumi[kInputs];                                                                                    \
+        for (int j = 0; j < kInputs; ++j) sumi[j] = _mm256_setzero_si256();                                       \
+        for (int p = 0; p < 4; ++p) {                                                                             \
+          typename OPS::Sum lo[kInputs], hi[kInputs];                                                             \
+          for (int j = 0; j < kInputs; ++j) lo[j] = hi[j] = OPS::zero();                                          \
+          const uint8_t* q = wb + kQ4KQs + 256 * p;                                                               \
+          _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k) {                                                   \
+            const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k));               \
+            const __m256i vlo = _mm256_and_si256(bytes, mask);                                                    \
+            const __m256i vhi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);                              \
+            for (int j = 0; j < kInputs; ++j) {                                                                   \
+              const uint8_t* xq = xr[j] + b * kQ8KActivationBytes + 64 * p + 4 * k;                               \
+              lo[j] = OPS::add(lo[j], vlo, xq);                                                                   \
+              hi[j] = OPS::add(hi[j], vhi, xq + 32);                                                              \
+            }                                                                                                     \
           }                                                                                                       \
+          const __m256i sc_lo = _mm256_cvtepu8_epi32(                                                             \
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb + kQ4KScales + 16 * p)));                       \
+          const __m256i sc_hi = _mm256_cvtepu8_epi32(                                                             \
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb + kQ4KScales + 16 * p + 8)));                   \
+          for (int j = 0; j < kInputs; ++j)                                                                       \
+            sumi[j] = _mm256_add_epi32(sumi[j], _mm256_add_epi32(OPS::scaled(lo[j], sc_lo), OPS::scaled(hi[j], sc_hi))); \
         }                                                                                                         \
-        const __m256i sc_lo = _mm256_cvtepu8_epi32(                                                               \
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb + kQ4KScales + 16 * p)));                         \
-        const __m256i sc_hi = _mm256_cvtepu8_epi32(                                                               \
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb + kQ4KScales + 16 * p + 8)));                     \
-        for (int j = 0; j < kInputs; ++j)                                                                         \
-          sumi[j] = _mm256_add_epi32(sumi[j], _mm256_add_epi32(OPS::scaled(lo[j], sc_lo), OPS::scaled(hi[j], sc_hi))); \
-      }                                                                                                           \
-      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));                   \
-      const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 16)));              \
-      __m256i mins[4];                                                                                            \
-      for (int p = 0; p < 4; ++p)                                                                                 \
-        mins[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kQ4KMins + 16 * p))); \
-      for (int j = 0; j < kInputs; ++j) {                                                                         \
-        const int32_t* pairs = a.sum_pairs + ((j0 + j) * a.blocks + b) * 4;                                       \
-        __m256i summ = _mm256_madd_epi16(mins[0], _mm256_set1_epi32(pairs[0]));                                   \
-        for (int p = 1; p < 4; ++p) summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mins[p], _mm256_set1_epi32(pairs[p]))); \
-        const __m256 da = _mm256_set1_ps(a.da[(j0 + j) * a.blocks + b]);                                          \
-        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[j]), _mm256_mul_ps(dw, da), acc[i][j]);               \
-        acc[i][j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dm, da), acc[i][j]);                 \
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));                 \
+        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 16)));            \
+        __m256i mins[4];                                                                                          \
+        for (int p = 0; p < 4; ++p)                                                                               \
+          mins[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kQ4KMins + 16 * p))); \
+        for (int j = 0; j < kInputs; ++j) {                                                                       \
+          const int32_t* pairs = a.sum_pairs + ((j0 + j) * a.blocks + b) * 4;                                     \
+          __m256i summ = _mm256_madd_epi16(mins[0], _mm256_set1_epi32(pairs[0]));                                 \
+          for (int p = 1; p < 4; ++p) summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mins[p], _mm256_set1_epi32(pairs[p]))); \
+          const __m256 da = _mm256_set1_ps(a.da[(j0 + j) * a.blocks + b]);                                        \
+          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[j]), _mm256_mul_ps(dw, da), acc[i][j]);             \
+          acc[i][j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dm, da), acc[i][j]);               \
+        }                                                                                                         \
       }                                                                                                           \
     }                                                                                                             \
-      }                                                                                                          \
     for (int i = 0; i < kGroups; ++i)                                                                             \
       for (int j = 0; j < kInputs; ++j) _mm256_storeu_ps(y[i] + (j0 + j) * ldy, acc[i][j]);                       \
   } };
@@ -331,47 +331,47 @@ struct Q6Vnni {
       xr[j] = a.x + (j0 + j) * a.x_stride + 4;                                                                    \
     }                                                                                                             \
     for (int64_t b = 0; b < a.blocks; ++b) {                                                                      \
-      _Pragma("GCC unroll 2") for (int i = 0; i < kGroups; ++i) {                                                  \
-      const uint8_t* wb = wg[i] + b * kQ6KGroupBlockBytes;                                                        \
-      if (j0 == 0)                                                                                                \
-        for (int64_t off = 0; off < kQ6KGroupBlockBytes; off += 64)                                               \
-          _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + off), _MM_HINT_T0);                    \
-      __m256i sumi[kInputs];                                                                                      \
-      for (int j = 0; j < kInputs; ++j) sumi[j] = _mm256_setzero_si256();                                         \
-      for (int p = 0; p < 8; ++p) {                                                                               \
-        /* lane i: the scales of row i's sub-blocks 2p (low int16) and 2p + 1 (high) */                           \
-        const __m256i pair =                                                                                      \
-            _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kQ6KScales + 16 * p)));    \
-        const __m256i scale[2] = {_mm256_srai_epi32(_mm256_slli_epi32(pair, 16), 16), _mm256_srai_epi32(pair, 16)}; \
-        for (int h = 0; h < 2; ++h) {                                                                             \
-          const uint8_t* c = wb + kQ6KQs + kQ6KSubBlockBytes * (2 * p + h);                                       \
-          const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c));                             \
-          const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32));                        \
-          const __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64));                       \
-          const __m256i v[4] = {                                                                                  \
-              _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_and_si256(_mm256_slli_epi16(top, 4), high2)),    \
-              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo, 4), low4),                                   \
-                              _mm256_and_si256(_mm256_slli_epi16(top, 2), high2)),                                \
-              _mm256_or_si256(_mm256_and_si256(hi, low4), _mm256_and_si256(top, high2)),                          \
-              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(hi, 4), low4),                                   \
-                              _mm256_and_si256(_mm256_srli_epi16(top, 2), high2))};                               \
-          for (int j = 0; j < kInputs; ++j)                                                                       \
-            sumi[j] = _mm256_add_epi32(                                                                           \
-                sumi[j], OPS::sub_block(v, xr[j] + b * kQ8KActivationBytes + 16 * (2 * p + h), scale[h]));        \
+      _Pragma("GCC unroll 2") for (int i = 0; i < kGroups; ++i) {                                                 \
+        const uint8_t* wb = wg[i] + b * kQ6KGroupBlockBytes;                                                      \
+        if (j0 == 0)                                                                                              \
+          for (int64_t off = 0; off < kQ6KGroupBlockBytes; off += 64)                                             \
+            _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + off), _MM_HINT_T0);                  \
+        __m256i sumi[kInputs];                                                                                    \
+        for (int j = 0; j < kInputs; ++j) sumi[j] = _mm256_setzero_si256();                                       \
+        for (int p = 0; p < 8; ++p) {                                                                             \
+          /* lane i: the scales of row i's sub-blocks 2p (low int16) and 2p + 1 (high) */                         \
+          const __m256i pair =                                                                                    \
+              _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kQ6KScales + 16 * p)));  \
+          const __m256i scale[2] = {_mm256_srai_epi32(_mm256_slli_epi32(pair, 16), 16), _mm256_srai_epi32(pair, 16)}; \
+          for (int h = 0; h < 2; ++h) {                                                                           \
+            const uint8_t* c = wb + kQ6KQs + kQ6KSubBlockBytes * (2 * p + h);                                     \
+            const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c));                           \
+            const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32));                      \
+            const __m256i top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64));                     \
+            const __m256i v[4] = {                                                                                \
+                _mm256_or_si256(_mm256_and_si256(lo, low4), _mm256_and_si256(_mm256_slli_epi16(top, 4), high2)),  \
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo, 4), low4),                                 \
+                                _mm256_and_si256(_mm256_slli_epi16(top, 2), high2)),                              \
+                _mm256_or_si256(_mm256_and_si256(hi, low4), _mm256_and_si256(top, high2)),                        \
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(hi, 4), low4),                                 \
+                                _mm256_and_si256(_mm256_srli_epi16(top, 2), high2))};                             \
+            for (int j = 0; j < kInputs; ++j)                                                                     \
+              sumi[j] = _mm256_add_epi32(                                                                         \
+                  sumi[j], OPS::sub_block(v, xr[j] + b * kQ8KActivationBytes + 16 * (2 * p + h), scale[h]));      \
+          }                                                                                                       \
+          for (int j = 0; j < kInputs; ++j) {                                                                     \
+            const int32_t sums = a.sum_pairs[((j0 + j) * a.blocks + b) * 8 + p];                                  \
+            sumi[j] = _mm256_sub_epi32(sumi[j],                                                                   \
+                                       _mm256_slli_epi32(_mm256_madd_epi16(pair, _mm256_set1_epi32(sums)), 5));   \
+          }                                                                                                       \
         }                                                                                                         \
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));                 \
         for (int j = 0; j < kInputs; ++j) {                                                                       \
-          const int32_t sums = a.sum_pairs[((j0 + j) * a.blocks + b) * 8 + p];                                    \
-          sumi[j] = _mm256_sub_epi32(sumi[j],                                                                     \
-                                     _mm256_slli_epi32(_mm256_madd_epi16(pair, _mm256_set1_epi32(sums)), 5));     \
+          const __m256 da = _mm256_set1_ps(a.da[(j0 + j) * a.blocks + b]);                                        \
+          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[j]), _mm256_mul_ps(dw, da), acc[i][j]);             \
         }                                                                                                         \
-      }                                                                                                           \
-      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));                   \
-      for (int j = 0; j < kInputs; ++j) {                                                                         \
-        const __m256 da = _mm256_set1_ps(a.da[(j0 + j) * a.blocks + b]);                                          \
-        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[j]), _mm256_mul_ps(dw, da), acc[i][j]);               \
       }                                                                                                           \
     }                                                                                                             \
-      }                                                                                                          \
     for (int i = 0; i < kGroups; ++i)                                                                             \
       for (int j = 0; j < kInputs; ++j) _mm256_storeu_ps(y[i] + (j0 + j) * ldy, acc[i][j]);                       \
   } };
