@@ -167,22 +167,13 @@ void bf16_decode(Bf16GemmIsa isa, const float* x, int64_t n, int64_t ldx, const 
   for (int64_t j = 0; j < n; ++j)
     for (int64_t c = 0; c < cols; ++c) xb_data[j * cols + c] = quant_impl::fp32_to_bf16(x[j * ldx + c]);
 #if defined(__x86_64__)
-  using bf16_gemm_impl::kDecodeInputs;
-  // Rows a thread runs every group of inputs over before moving on (as quant_matmul's
-  // kernels): about 256 KiB of weights, still in the core's cache for the next group.
-  const int64_t slice = std::clamp<int64_t>((256 << 10) / (2 * cols), 4, 64);
-  parallel_rows(rows, 4, [&](int64_t begin, int64_t end) {
-    if (n <= kDecodeInputs) {
+  // Up to kDecodeInputs inputs the weights' stream bounds the time: rows in pairs from two
+  // streams. Past it the multiplies do: blocks of rows held in registers.
+  parallel_rows(rows, bf16_gemm_impl::kDecodeBlockRows, [&](int64_t begin, int64_t end) {
+    if (n <= bf16_gemm_impl::kDecodeInputs)
       bf16_gemm_impl::decode_rows_avx512bf16(w, cols, xb_data, cols, static_cast<int>(n), begin, end, y, ldy);
-      return;
-    }
-    for (int64_t r = begin; r < end; r += slice) {
-      const int64_t r_end = std::min(end, r + slice);
-      for (int64_t g = 0; g < n; g += kDecodeInputs) {
-        const int m = static_cast<int>(std::min<int64_t>(kDecodeInputs, n - g));
-        bf16_gemm_impl::decode_rows_avx512bf16(w, cols, xb_data + g * cols, cols, m, r, r_end, y + g * ldy, ldy);
-      }
-    }
+    else
+      bf16_gemm_impl::decode_blocks_avx512bf16(w, cols, xb_data, cols, n, begin, end, y, ldy);
   });
 #else
   (void)w, (void)y, (void)ldy;

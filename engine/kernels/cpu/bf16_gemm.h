@@ -42,8 +42,9 @@ void bf16_gemm(Bf16GemmIsa isa, const float* x, int64_t n, int64_t ldx, const ui
 
 // The same product for decode-sized inputs (up to 64; any count works) without the per-call
 // repack: the activations rounded to bfloat16 once, then each stored row's dot with vdpbf16ps
-// (32 values an instruction, the row read once for up to 4 inputs, a slice of rows kept in
-// cache for the next 4), each row's 16 lanes summed at its end. A row's result depends neither
+// (32 values an instruction), each row's 16 lanes summed at its end. Up to 4 inputs, rows in
+// pairs from two streams; past 4, blocks of 6 rows held in registers against 4 inputs at a
+// time (the multiplies bound a batch, not the weights' stream), the next block prefetched. A row's result depends neither
 // on the other inputs nor on how rows are split (into threads, slices, or the pairs of rows
 // read as two streams), so a sequence gets the same numbers alone and in a batch. AVX512-BF16
 // only: throws std::invalid_argument for kPortable, where it does not run, or for odd cols.

@@ -29,4 +29,13 @@ constexpr int kDecodeInputs = 4;
 void decode_rows_avx512bf16(const uint16_t* w, int64_t cols, const uint16_t* xb, int64_t ldx, int inputs,
                             int64_t r_begin, int64_t r_end, float* y, int64_t ldy);
 
+// The same products for batches past kDecodeInputs, where the multiplies rather than the
+// weights' stream bound the time: blocks of kDecodeBlockRows rows held in registers against
+// each group of up to kDecodeInputs inputs (24 accumulators), the next block's rows prefetched
+// while this one is multiplied. Each row's sums are formed exactly as decode_rows_avx512bf16
+// forms them, so a row gets the same bits at any batch size.
+constexpr int kDecodeBlockRows = 6;
+void decode_blocks_avx512bf16(const uint16_t* w, int64_t cols, const uint16_t* xb, int64_t ldx, int64_t inputs,
+                              int64_t r_begin, int64_t r_end, float* y, int64_t ldy);
+
 }  // namespace kvpipe::bf16_gemm_impl

@@ -76,7 +76,81 @@ KVPIPE_BF16_ATTR void decode_rows(const uint16_t* w, int64_t cols, const uint16_
   for (int64_t r = r_begin + 2 * half; r < r_end; ++r) decode_row<kInputs, false>(w, cols, xb, ldx, r, r, y, ldy);
 }
 
+// kRows rows from r0 times kInputs inputs, all of their columns: one load of each row's chunk
+// serves every input, one load of each input's chunk every row. `next` (or null) is the block
+// after this one; its lines are prefetched one chunk a row as this block's are consumed, so
+// that memory streams while the block computes.
+template <int kRows, int kInputs>
+KVPIPE_BF16_ATTR void decode_block(const uint16_t* w, int64_t cols, const uint16_t* xb, int64_t ldx, int64_t r0,
+                                   const uint16_t* next, float* y, int64_t ldy) {
+  const int64_t full = cols / 32 * 32;
+  const uint16_t* rows = w + r0 * cols;
+  __m512 acc[kRows][kInputs];
+#pragma GCC unroll 8
+  for (int i = 0; i < kRows; ++i)
+#pragma GCC unroll 4
+    for (int m = 0; m < kInputs; ++m) acc[i][m] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < full; c += 32) {
+    __m512bh wr[kRows];
+#pragma GCC unroll 8
+    for (int i = 0; i < kRows; ++i)
+      wr[i] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(rows + i * cols + c));
+    if (next != nullptr)
+#pragma GCC unroll 8
+      for (int i = 0; i < kRows; ++i) _mm_prefetch(reinterpret_cast<const char*>(next + i * cols + c), _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int m = 0; m < kInputs; ++m) {
+      const __m512bh xm = reinterpret_cast<__m512bh>(_mm512_loadu_si512(xb + m * ldx + c));
+#pragma GCC unroll 8
+      for (int i = 0; i < kRows; ++i) acc[i][m] = _mm512_dpbf16_ps(acc[i][m], wr[i], xm);
+    }
+  }
+  if (full < cols) {
+    const __mmask32 tail = static_cast<__mmask32>((uint64_t{1} << (cols - full)) - 1u);
+    __m512bh wr[kRows];
+#pragma GCC unroll 8
+    for (int i = 0; i < kRows; ++i) wr[i] = load_chunk(rows + i * cols + full, tail);
+#pragma GCC unroll 4
+    for (int m = 0; m < kInputs; ++m) {
+      const __m512bh xm = load_chunk(xb + m * ldx + full, tail);
+#pragma GCC unroll 8
+      for (int i = 0; i < kRows; ++i) acc[i][m] = _mm512_dpbf16_ps(acc[i][m], wr[i], xm);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < kRows; ++i)
+#pragma GCC unroll 4
+    for (int m = 0; m < kInputs; ++m) y[m * ldy + r0 + i] = _mm512_reduce_add_ps(acc[i][m]);
+}
+
+template <int kRows>
+KVPIPE_BF16_ATTR void decode_block_inputs(const uint16_t* w, int64_t cols, const uint16_t* xb, int64_t ldx,
+                                          int64_t inputs, int64_t r0, const uint16_t* next, float* y, int64_t ldy) {
+  int64_t g = 0;
+  for (; g + kDecodeInputs <= inputs; g += kDecodeInputs)
+    decode_block<kRows, kDecodeInputs>(w, cols, xb + g * ldx, ldx, r0, next, y + g * ldy, ldy);
+  static_assert(kDecodeInputs == 4, "one case per remainder");
+  switch (inputs - g) {
+    case 3: return decode_block<kRows, 3>(w, cols, xb + g * ldx, ldx, r0, next, y + g * ldy, ldy);
+    case 2: return decode_block<kRows, 2>(w, cols, xb + g * ldx, ldx, r0, next, y + g * ldy, ldy);
+    case 1: return decode_block<kRows, 1>(w, cols, xb + g * ldx, ldx, r0, next, y + g * ldy, ldy);
+    default: return;
+  }
+}
+
 }  // namespace
+
+KVPIPE_BF16_ATTR void decode_blocks_avx512bf16(const uint16_t* w, int64_t cols, const uint16_t* xb, int64_t ldx,
+                                               int64_t inputs, int64_t r_begin, int64_t r_end, float* y,
+                                               int64_t ldy) {
+  constexpr int64_t kRows = kDecodeBlockRows;
+  int64_t r = r_begin;
+  for (; r + kRows <= r_end; r += kRows) {
+    const uint16_t* next = r + 2 * kRows <= r_end ? w + (r + kRows) * cols : nullptr;
+    decode_block_inputs<kRows>(w, cols, xb, ldx, inputs, r, next, y, ldy);
+  }
+  for (; r < r_end; ++r) decode_block_inputs<1>(w, cols, xb, ldx, inputs, r, nullptr, y, ldy);
+}
 
 KVPIPE_BF16_ATTR void decode_rows_avx512bf16(const uint16_t* w, int64_t cols, const uint16_t* xb, int64_t ldx,
                                              int inputs, int64_t r_begin, int64_t r_end, float* y, int64_t ldy) {
