@@ -155,20 +155,33 @@ TEST_P(QuantMatmul, BothPathsMatchFloat64OnAnyThreadCount) {
   ThreadPool::instance().set_threads(1);
 }
 
-// A decode row gives the same numbers alone and inside a batch (batch invariance).
+// A decode row gives the same numbers alone and inside a batch (batch invariance), past
+// kMaxKernelInputs too, where the float types run blocks of rows against every input
+// (batch_kernel), with rows that end in a part chunk and odd row counts.
 TEST_P(QuantMatmul, RowResultsDoNotDependOnTheBatch) {
   const QuantType type = GetParam();
-  const int64_t cols = 256, rows = 40;
-  const std::vector<uint8_t> w = random_rows(type, rows, cols, 11);
-  std::vector<float> x(static_cast<size_t>(7 * cols));
-  std::mt19937 gen(5);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (auto& v : x) v = normal(gen);
-  std::vector<float> batch(static_cast<size_t>(7 * rows)), one(static_cast<size_t>(rows));
-  quant_matmul_on(MatmulPath::kKernel, x.data(), 7, cols, type, w.data(), rows, cols, batch.data(), rows);
-  for (int64_t i = 0; i < 7; ++i) {
-    quant_matmul_on(MatmulPath::kKernel, x.data() + i * cols, 1, cols, type, w.data(), rows, cols, one.data(), rows);
-    for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(one[r], batch[i * rows + r]) << quant_name(type) << " row " << i;
+  std::vector<int64_t> widths = {256};
+  if (quant_traits(type).block_values == 1) widths.push_back(277);
+  for (const int64_t cols : widths) {
+    for (const int64_t rows : {40, 7}) {
+      const std::vector<uint8_t> w = random_rows(type, rows, cols, 11);
+      for (const int64_t n : {7, 13}) {
+        std::vector<float> x(static_cast<size_t>(n * cols));
+        std::mt19937 gen(5);
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        for (auto& v : x) v = normal(gen);
+        std::vector<float> batch(static_cast<size_t>(n * rows)), one(static_cast<size_t>(rows));
+        quant_matmul_on(MatmulPath::kKernel, x.data(), n, cols, type, w.data(), rows, cols, batch.data(), rows);
+        for (int64_t i = 0; i < n; ++i) {
+          quant_matmul_on(MatmulPath::kKernel, x.data() + i * cols, 1, cols, type, w.data(), rows, cols, one.data(),
+                          rows);
+          for (int64_t r = 0; r < rows; ++r)
+            ASSERT_EQ(one[r], batch[i * rows + r])
+                << quant_name(type) << " cols=" << cols << " rows=" << rows << " n=" << n << " input " << i
+                << " row " << r;
+        }
+      }
+    }
   }
 }
 

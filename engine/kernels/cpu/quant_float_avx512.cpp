@@ -173,7 +173,92 @@ void dispatch(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_st
   throw std::invalid_argument("float AVX-512 kernel: inputs must be 1.." + std::to_string(kMaxKernelInputs));
 }
 
+// Batches past kMaxKernelInputs, where the multiplies rather than the weights' stream bound
+// the time: kRows rows' chunk widened once and held in registers against kMaxKernelInputs
+// inputs at a time, each (row, input) sum formed as chunks() and finish() form it (so a row
+// gets the same bits at any batch size), the next block's lines prefetched as this block's
+// are consumed. Two rows by four inputs: 8 weight, 8 sum and 4 input registers.
+constexpr int kBlockRows = 3;
+
+template <int R, int M, typename Load>
+KVPIPE_AVX512 void block_rows(const uint8_t* rows, int64_t w_stride, const uint8_t* x, int64_t x_stride,
+                              const uint8_t* next, int64_t cols, float* y, int64_t ldy, int64_t r0) {
+  constexpr int64_t kB = Load::kBytes;
+  const int64_t full = cols / 64 * 64;
+  __m512 acc[R][M];
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) acc[i][m] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < full; c += 64) {
+    __m512 wv[R][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) wv[i][k] = Load::load16(rows + i * w_stride + (c + 16 * k) * kB);
+    if (next != nullptr)
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+        for (int64_t line = 0; line < kB; ++line)
+          _mm_prefetch(reinterpret_cast<const char*>(next + i * w_stride + c * kB + 64 * line), _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) {
+      const uint8_t* xm = x + m * x_stride + c * 4;
+      __m512 x0 = load_x(xm), x1 = load_x(xm + 64), x2 = load_x(xm + 128), x3 = load_x(xm + 192);
+      // In registers for every row: left to itself, GCC folds the loads into each row's
+      // multiplies, and the loads, not the multiplies, then bound the loop.
+      __asm__("" : "+v"(x0), "+v"(x1), "+v"(x2), "+v"(x3));
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) {
+        __m512 t = _mm512_mul_ps(wv[i][0], x0);
+        t = _mm512_fmadd_ps(wv[i][1], x1, t);
+        t = _mm512_fmadd_ps(wv[i][2], x2, t);
+        t = _mm512_fmadd_ps(wv[i][3], x3, t);
+        acc[i][m] = _mm512_add_ps(acc[i][m], t);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) finish<M, Load>(rows + i * w_stride, x, x_stride, acc[i], full, cols, y, ldy, r0 + i);
+}
+
+template <int R, typename Load>
+void block_inputs(const uint8_t* rows, int64_t w_stride, const uint8_t* x, int64_t x_stride, int64_t inputs,
+                  const uint8_t* next, int64_t cols, float* y, int64_t ldy, int64_t r0) {
+  static_assert(kMaxKernelInputs == 4, "one instantiation per remainder");
+  int64_t g = 0;
+  for (; g + 4 <= inputs; g += 4)
+    block_rows<R, 4, Load>(rows, w_stride, x + g * x_stride, x_stride, next, cols, y + g * ldy, ldy, r0);
+  switch (inputs - g) {
+    case 3: return block_rows<R, 3, Load>(rows, w_stride, x + g * x_stride, x_stride, next, cols, y + g * ldy, ldy, r0);
+    case 2: return block_rows<R, 2, Load>(rows, w_stride, x + g * x_stride, x_stride, next, cols, y + g * ldy, ldy, r0);
+    case 1: return block_rows<R, 1, Load>(rows, w_stride, x + g * x_stride, x_stride, next, cols, y + g * ldy, ldy, r0);
+    default: return;
+  }
+}
+
+template <typename Load>
+void batch(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride, int64_t inputs, float* y,
+           int64_t ldy, int64_t row_begin, int64_t row_end, int64_t cols) {
+  int64_t r = row_begin;
+  for (; r + kBlockRows <= row_end; r += kBlockRows) {
+    const uint8_t* next = r + 2 * kBlockRows <= row_end ? w + (r + kBlockRows) * w_stride : nullptr;
+    block_inputs<kBlockRows, Load>(w + r * w_stride, w_stride, x, x_stride, inputs, next, cols, y, ldy, r);
+  }
+  for (; r < row_end; ++r) block_inputs<1, Load>(w + r * w_stride, w_stride, x, x_stride, inputs, nullptr, cols, y, ldy, r);
+}
+
 }  // namespace
+
+BatchKernel float_avx512_batch_kernel(QuantType type) {
+  switch (type) {
+    case QuantType::F32: return batch<LoadF32>;
+    case QuantType::F16: return batch<LoadF16>;
+    case QuantType::BF16: return batch<LoadBF16>;
+    default: return nullptr;
+  }
+}
 
 DotKernel float_avx512_kernel(QuantType type) {
   switch (type) {
@@ -190,6 +275,7 @@ DotKernel float_avx512_kernel(QuantType type) {
 
 namespace kvpipe::quant_impl {
 DotKernel float_avx512_kernel(QuantType) { return nullptr; }
+BatchKernel float_avx512_batch_kernel(QuantType) { return nullptr; }
 }  // namespace kvpipe::quant_impl
 
 #endif

@@ -29,6 +29,8 @@ bool use_avx512_vnni();
 // F32, F16, BF16 rows on AVX-512 (quant_float_avx512.cpp); nullptr for other types or where
 // the build has no x86 vector code.
 DotKernel float_avx512_kernel(QuantType type);
+// Their batch kernels (blocks of rows against every input; DotKernel's results bit for bit).
+BatchKernel float_avx512_batch_kernel(QuantType type);
 
 // F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; activations F32, Q8_0, Q8_1.
 void legacy_dequantize_row(QuantType type, const void* src, float* dst, int64_t cols);

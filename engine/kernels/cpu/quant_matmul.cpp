@@ -67,6 +67,13 @@ void run_kernels(const Activations& a, int64_t n, QuantType type, const uint8_t*
                  float* y, int64_t ldy) {
   const DotKernel kernel = dot_kernel(type);
   const int64_t row_bytes = quant_row_bytes(type, cols);
+  if (n > kMaxKernelInputs)
+    if (const BatchKernel batch = batch_kernel(type)) {
+      parallel_rows(rows, 4, [&](int64_t begin, int64_t end) {
+        batch(w, row_bytes, a.data, a.stride, n, y, ldy, begin, end, cols);
+      });
+      return;
+    }
   const int64_t slice = rows_per_slice(row_bytes);
   parallel_rows(rows, 4, [&](int64_t begin, int64_t end) {
     if (n <= kMaxKernelInputs) {

@@ -116,6 +116,10 @@ DotKernel dot_kernel(QuantType type) {
   return portable_dot_kernel(type);
 }
 
+BatchKernel batch_kernel(QuantType type) {
+  return quant_impl::use_avx512() ? quant_impl::float_avx512_batch_kernel(type) : nullptr;
+}
+
 const char* dot_kernel_isa() { return quant_impl::use_avx2() ? "avx2" : "portable"; }
 
 const char* block_kernel_isa() {

@@ -73,6 +73,16 @@ using DotKernel = void (*)(const uint8_t* w, int64_t w_stride, const uint8_t* x,
 
 // The fastest kernel for `type` on this processor.
 DotKernel dot_kernel(QuantType type);
+
+// The same product over any number of inputs, for batches past kMaxKernelInputs: a block of
+// rows held in registers across the inputs, where the multiplies rather than the weights'
+// stream bound the time. Each result is dot_kernel(type)'s, bit for bit. nullptr where this
+// processor's kernel set has none for `type` (callers then run dot_kernel over groups of
+// kMaxKernelInputs).
+using BatchKernel = void (*)(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride,
+                             int64_t inputs, float* y, int64_t ldy, int64_t row_begin, int64_t row_end,
+                             int64_t cols);
+BatchKernel batch_kernel(QuantType type);
 // The portable kernel for `type` (the reference the vector kernels are tested against).
 DotKernel portable_dot_kernel(QuantType type);
 // "avx2" or "portable": the kernel set dot_kernel chose for the block types.
