@@ -3,6 +3,7 @@
 // quantiser against ggml's reference algorithm written out here, and both dot kernels (the one
 // dot_kernel picks and the portable one) against float64 products of the dequantised rows
 // over many shapes, strides and input counts, and against each other.
+#include "engine/kernels/cpu/cpu_features.h"
 #include "engine/kernels/cpu/quant_impl.h"
 #include "engine/kernels/cpu/quant_types.h"
 
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -487,6 +489,48 @@ TEST(QuantK, DotKernelsAgreeOnExtremeQuants) {
         }
       }
     }
+  }
+}
+
+// Q4_K's and Q5_K's VNNI kernels, where the processor runs them, against the AVX2 ones on the
+// same rows: vpdpwssd forms the same integers as madd + add, so every result is the same float,
+// bit for bit, for every input count and row range; and dot_kernel hands them out there. Rows
+// at their extremes too, where a narrower sum would saturate.
+TEST(QuantK, VnniKernelsEqualTheAvx2OnesBitForBit) {
+  if (!quant_impl::use_avx512_vnni())
+    GTEST_SKIP() << "the VNNI kernels do not run here: avx512-vnni "
+                 << probe_cpu_feature(CpuFeature::kAvx512Vnni).describe() << ", KVPIPE_CPU_KERNELS "
+                 << (std::getenv("KVPIPE_CPU_KERNELS") ? std::getenv("KVPIPE_CPU_KERNELS") : "unset");
+  for (const QuantType type : kKTypes) {
+    const DotKernel vnni = quant_impl::k_vnni_kernel(type);
+    if (type != QuantType::Q4_K && type != QuantType::Q5_K) {
+      EXPECT_EQ(vnni, nullptr) << quant_name(type);
+      continue;
+    }
+    ASSERT_NE(vnni, nullptr) << quant_name(type);
+    EXPECT_EQ(dot_kernel(type), vnni) << quant_name(type);
+    const DotKernel avx2 = quant_impl::k_avx2_kernel(type);
+    const int64_t cols = 1536, rows = 9;
+    const int64_t row_bytes = quant_row_bytes(type, cols);
+    std::vector<uint8_t> w = random_k_rows(type, rows, row_bytes, cols, 700 + static_cast<uint32_t>(type));
+    // Row 0: every quant, scale and min at its top (d and dmin kept: the bytes after them).
+    const int64_t block_bytes = quant_traits(type).block_bytes;
+    for (int64_t b = 0; b < cols / kQK; ++b) std::memset(w.data() + b * block_bytes + 4, 0xff, block_bytes - 4);
+    const int64_t act = activation_row_bytes(ActivationType::Q8_K, cols);
+    std::vector<float> xf = activation_rows(kMaxKernelInputs, cols, 23);
+    for (int64_t c = 0; c < cols; ++c) xf[c] = -1.0f;  // input 0: every byte at -127
+    std::vector<uint8_t> xq(static_cast<size_t>(act * kMaxKernelInputs));
+    for (int i = 0; i < kMaxKernelInputs; ++i)
+      quantize_activation_row(ActivationType::Q8_K, xf.data() + i * cols, xq.data() + i * act, cols);
+    for (int inputs = 1; inputs <= kMaxKernelInputs; ++inputs)
+      for (const int64_t begin : {int64_t{0}, int64_t{3}}) {
+        std::vector<float> a(static_cast<size_t>(rows * inputs), -1.0f), b(a.size(), -1.0f);
+        vnni(w.data(), row_bytes, xq.data(), act, inputs, a.data(), rows, begin, rows, cols);
+        avx2(w.data(), row_bytes, xq.data(), act, inputs, b.data(), rows, begin, rows, cols);
+        ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+            << quant_name(type) << " inputs=" << inputs << " rows from " << begin;
+        EXPECT_TRUE(std::isfinite(a[begin])) << quant_name(type);
+      }
   }
 }
 

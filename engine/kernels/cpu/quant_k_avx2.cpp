@@ -20,6 +20,7 @@
 #include <cstring>
 
 #define KVPIPE_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define KVPIPE_K_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
 
 namespace kvpipe::quant_impl {
 
@@ -99,84 +100,104 @@ KVPIPE_AVX2 inline void prefetch_ahead(const uint8_t* wb) {
   for (int i = 0; i < kLines; ++i) _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + 64 * i), _MM_HINT_T0);
 }
 
-// Q4_K (kFive false) and Q5_K (kFive true) rows against N activation rows.
-template <int N, bool kFive>
-KVPIPE_AVX2 void dot_q45k(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride, float* y,
-                          int64_t ldy, int64_t row_begin, int64_t row_end, int64_t cols) {
-  constexpr int64_t kBlockBytes = kFive ? 176 : 144;
-  constexpr int64_t kQs = kFive ? 48 : 16;
-  const int64_t blocks = cols / kSuperBlock;
-  const __m256i low4 = _mm256_set1_epi8(0x0f);
-  const __m256i bit4 = _mm256_set1_epi8(0x10);
-  // Bytes 8..15 of the unpacked scales are the mins; each covers two 16-value bsums.
-  const __m128i mins_pairs = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    const uint8_t* row = w + r * w_stride;
-    __m256 acc[N];
-#pragma GCC unroll 4
-    for (int n = 0; n < N; ++n) acc[n] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* wb = row + b * kBlockBytes;
-      prefetch_ahead<3>(wb);
-      const uint8_t* xb = x + b * kQ8KBytes;
-
-      // get_scale_min_k4 for all eight sub-blocks at once, as 32-bit words [A, C, B, D]: A and B
-      // the low 6 bits of bytes 0-3 (scales 0-3) and 4-7 (mins 0-3); C and D the nibbles of
-      // bytes 8-11 (scales 4-7 low, mins 4-7 high) under the top two bits of bytes 0-3 and 4-7.
-      // The 16-byte load reaches 4 bytes past the scales, still inside the block.
-      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 4));
-      const __m128i low6 = _mm_and_si128(raw, _mm_set1_epi8(0x3f));
-      const __m128i top2 = _mm_and_si128(_mm_srli_epi32(raw, 2), _mm_set1_epi8(0x30));
-      const __m128i nibbles = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(raw, 0xaa), _mm_setr_epi32(0, 4, 0, 4)),
-                                            _mm_set1_epi8(0x0f));
-      const __m128i packed = _mm_unpacklo_epi32(low6, _mm_or_si128(nibbles, top2));
-      const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(packed));
-      const __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(packed, mins_pairs));
-
-      __m256i sumi[N];
-#pragma GCC unroll 4
-      for (int n = 0; n < N; ++n) sumi[n] = _mm256_setzero_si256();
-      // Q5_K's fifth bits: bit s of qh[l] for sub-block s, walked down two sub-blocks a chunk.
-      __m256i high = kFive ? load256(wb + 16) : _mm256_setzero_si256();
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) {
-        const __m256i bits = load256(wb + kQs + 32 * j);
-        __m256i q_lo = _mm256_and_si256(bits, low4);
-        __m256i q_hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
-        if (kFive) {
-          q_lo = _mm256_or_si256(q_lo, _mm256_and_si256(_mm256_slli_epi16(high, 4), bit4));
-          q_hi = _mm256_or_si256(q_hi, _mm256_and_si256(_mm256_slli_epi16(high, 3), bit4));
-          high = _mm256_srli_epi16(high, 2);
-        }
-        const __m256i s_lo = _mm256_shuffle_epi8(scales, repeat_word(2 * j));
-        const __m256i s_hi = _mm256_shuffle_epi8(scales, repeat_word(2 * j + 1));
-#pragma GCC unroll 4
-        for (int n = 0; n < N; ++n) {
-          const uint8_t* a = xb + n * x_stride + kQ8KQs + 64 * j;
-          const __m256i p_lo = _mm256_madd_epi16(s_lo, _mm256_maddubs_epi16(q_lo, load256(a)));
-          const __m256i p_hi = _mm256_madd_epi16(s_hi, _mm256_maddubs_epi16(q_hi, load256(a + 32)));
-          sumi[n] = _mm256_add_epi32(sumi[n], _mm256_add_epi32(p_lo, p_hi));
-          settle(sumi[n]);
-        }
-      }
-
-      // [d, dmin] of the block, then each input's d * sumi - dmin * (mins . bsums) times its own d.
-      const __m128 d_dmin = _mm_cvtph_ps(_mm_cvtsi32_si128(load_i32(wb)));
-      const __m256 vd = _mm256_broadcastss_ps(d_dmin);
-      const __m256 vdmin = _mm256_broadcastss_ps(_mm_movehdup_ps(d_dmin));
-#pragma GCC unroll 4
-      for (int n = 0; n < N; ++n) {
-        const uint8_t* xn = xb + n * x_stride;
-        const __m256i m = _mm256_madd_epi16(mins, load256(xn + kQ8KBsums));
-        const __m256 block =
-            _mm256_fnmadd_ps(vdmin, _mm256_cvtepi32_ps(m), _mm256_mul_ps(vd, _mm256_cvtepi32_ps(sumi[n])));
-        acc[n] = _mm256_fmadd_ps(_mm256_broadcast_ss(reinterpret_cast<const float*>(xn)), block, acc[n]);
-      }
-    }
-#pragma GCC unroll 4
-    for (int n = 0; n < N; ++n) y[n * ldy + r] = hsum(acc[n]);
-  }
+// sumi + s_lo . (q_lo x the 32 activation bytes at a) + s_hi . (q_hi x the 32 at a + 32):
+// maddubs's 16-bit pair sums under the sub-block scales, AVX2's madd then two adds; AVX-512
+// VNNI's vpdpwssd multiplies, pairs and adds in one. The same integers either way (the
+// scaled pair sums stay far inside 32 bits), so the kernels' floats agree bit for bit.
+KVPIPE_AVX2 inline __m256i add_scaled_pairs_avx2(__m256i sumi, __m256i s_lo, __m256i q_lo, __m256i s_hi, __m256i q_hi,
+                                                const uint8_t* a) {
+  const __m256i p_lo = _mm256_madd_epi16(s_lo, _mm256_maddubs_epi16(q_lo, load256(a)));
+  const __m256i p_hi = _mm256_madd_epi16(s_hi, _mm256_maddubs_epi16(q_hi, load256(a + 32)));
+  return _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
 }
+
+KVPIPE_K_VNNI inline __m256i add_scaled_pairs_vnni(__m256i sumi, __m256i s_lo, __m256i q_lo, __m256i s_hi, __m256i q_hi,
+                                                  const uint8_t* a) {
+  sumi = _mm256_dpwssd_epi32(sumi, s_lo, _mm256_maddubs_epi16(q_lo, load256(a)));
+  return _mm256_dpwssd_epi32(sumi, s_hi, _mm256_maddubs_epi16(q_hi, load256(a + 32)));
+}
+
+// Q4_K (kFive false) and Q5_K (kFive true) rows against N activation rows. One body, compiled
+// twice: with AVX2's scale products and with AVX-512 VNNI's.
+#define KVPIPE_DOT_Q45K(NAME, ATTR, ADD_SCALED)                                                                       \
+template <int N, bool kFive>                                                                                          \
+ATTR void NAME(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride, float* y,                      \
+                 int64_t ldy, int64_t row_begin, int64_t row_end, int64_t cols) {                                     \
+  constexpr int64_t kBlockBytes = kFive ? 176 : 144;                                                                  \
+  constexpr int64_t kQs = kFive ? 48 : 16;                                                                            \
+  const int64_t blocks = cols / kSuperBlock;                                                                          \
+  const __m256i low4 = _mm256_set1_epi8(0x0f);                                                                        \
+  const __m256i bit4 = _mm256_set1_epi8(0x10);                                                                        \
+  /* Bytes 8..15 of the unpacked scales are the mins; each covers two 16-value bsums. */                              \
+  const __m128i mins_pairs = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);               \
+  for (int64_t r = row_begin; r < row_end; ++r) {                                                                     \
+    const uint8_t* row = w + r * w_stride;                                                                            \
+    __m256 acc[N];                                                                                                    \
+_Pragma("GCC unroll 4")                                                                                               \
+    for (int n = 0; n < N; ++n) acc[n] = _mm256_setzero_ps();                                                         \
+    for (int64_t b = 0; b < blocks; ++b) {                                                                            \
+      const uint8_t* wb = row + b * kBlockBytes;                                                                      \
+      prefetch_ahead<3>(wb);                                                                                          \
+      const uint8_t* xb = x + b * kQ8KBytes;                                                                          \
+                                                                                                                      \
+      /* get_scale_min_k4 for all eight sub-blocks at once, as 32-bit words [A, C, B, D]: A and B                     \
+         the low 6 bits of bytes 0-3 (scales 0-3) and 4-7 (mins 0-3); C and D the nibbles of                          \
+         bytes 8-11 (scales 4-7 low, mins 4-7 high) under the top two bits of bytes 0-3 and 4-7.                      \
+         The 16-byte load reaches 4 bytes past the scales, still inside the block. */                                 \
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 4));                                  \
+      const __m128i low6 = _mm_and_si128(raw, _mm_set1_epi8(0x3f));                                                   \
+      const __m128i top2 = _mm_and_si128(_mm_srli_epi32(raw, 2), _mm_set1_epi8(0x30));                                \
+      const __m128i nibbles = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(raw, 0xaa), _mm_setr_epi32(0, 4, 0, 4)), \
+                                            _mm_set1_epi8(0x0f));                                                     \
+      const __m128i packed = _mm_unpacklo_epi32(low6, _mm_or_si128(nibbles, top2));                                   \
+      const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(packed));                                  \
+      const __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(packed, mins_pairs));                                \
+                                                                                                                      \
+      __m256i sumi[N];                                                                                                \
+_Pragma("GCC unroll 4")                                                                                               \
+      for (int n = 0; n < N; ++n) sumi[n] = _mm256_setzero_si256();                                                   \
+      /* Q5_K's fifth bits: bit s of qh[l] for sub-block s, walked down two sub-blocks a chunk. */                    \
+      __m256i high = kFive ? load256(wb + 16) : _mm256_setzero_si256();                                               \
+_Pragma("GCC unroll 4")                                                                                               \
+      for (int j = 0; j < 4; ++j) {                                                                                   \
+        const __m256i bits = load256(wb + kQs + 32 * j);                                                              \
+        __m256i q_lo = _mm256_and_si256(bits, low4);                                                                  \
+        __m256i q_hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);                                            \
+        if (kFive) {                                                                                                  \
+          q_lo = _mm256_or_si256(q_lo, _mm256_and_si256(_mm256_slli_epi16(high, 4), bit4));                           \
+          q_hi = _mm256_or_si256(q_hi, _mm256_and_si256(_mm256_slli_epi16(high, 3), bit4));                           \
+          high = _mm256_srli_epi16(high, 2);                                                                          \
+        }                                                                                                             \
+        const __m256i s_lo = _mm256_shuffle_epi8(scales, repeat_word(2 * j));                                         \
+        const __m256i s_hi = _mm256_shuffle_epi8(scales, repeat_word(2 * j + 1));                                     \
+_Pragma("GCC unroll 4")                                                                                               \
+        for (int n = 0; n < N; ++n) {                                                                                 \
+          const uint8_t* a = xb + n * x_stride + kQ8KQs + 64 * j;                                                     \
+          sumi[n] = ADD_SCALED(sumi[n], s_lo, q_lo, s_hi, q_hi, a);                                                   \
+          settle(sumi[n]);                                                                                            \
+        }                                                                                                             \
+      }                                                                                                               \
+                                                                                                                      \
+      /* [d, dmin] of the block, then each input's d * sumi - dmin * (mins . bsums) times its own d. */               \
+      const __m128 d_dmin = _mm_cvtph_ps(_mm_cvtsi32_si128(load_i32(wb)));                                            \
+      const __m256 vd = _mm256_broadcastss_ps(d_dmin);                                                                \
+      const __m256 vdmin = _mm256_broadcastss_ps(_mm_movehdup_ps(d_dmin));                                            \
+_Pragma("GCC unroll 4")                                                                                               \
+      for (int n = 0; n < N; ++n) {                                                                                   \
+        const uint8_t* xn = xb + n * x_stride;                                                                        \
+        const __m256i m = _mm256_madd_epi16(mins, load256(xn + kQ8KBsums));                                           \
+        const __m256 block =                                                                                          \
+            _mm256_fnmadd_ps(vdmin, _mm256_cvtepi32_ps(m), _mm256_mul_ps(vd, _mm256_cvtepi32_ps(sumi[n])));           \
+        acc[n] = _mm256_fmadd_ps(_mm256_broadcast_ss(reinterpret_cast<const float*>(xn)), block, acc[n]);             \
+      }                                                                                                               \
+    }                                                                                                                 \
+_Pragma("GCC unroll 4")                                                                                               \
+    for (int n = 0; n < N; ++n) y[n * ldy + r] = hsum(acc[n]);                                                        \
+  }                                                                                                                   \
+}
+
+KVPIPE_DOT_Q45K(dot_q45k, KVPIPE_AVX2, add_scaled_pairs_avx2)
+KVPIPE_DOT_Q45K(dot_q45k_vnni, KVPIPE_K_VNNI, add_scaled_pairs_vnni)
 
 // Vector k (values 32k..32k+31) of a Q6_K half: the low nibbles of ql0 (k = 0) or ql1 (k = 1),
 // then their high nibbles (k = 2, 3), under bit pair k of qh. k is a constant after unrolling.
@@ -408,6 +429,18 @@ KVPIPE_AVX2 void dot_q5k_n(const uint8_t* w, int64_t w_stride, const uint8_t* x,
   dot_q45k<N, true>(w, w_stride, x, x_stride, y, ldy, row_begin, row_end, cols);
 }
 
+template <int N>
+KVPIPE_K_VNNI void dot_q4k_vnni(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride, float* y,
+                               int64_t ldy, int64_t row_begin, int64_t row_end, int64_t cols) {
+  dot_q45k_vnni<N, false>(w, w_stride, x, x_stride, y, ldy, row_begin, row_end, cols);
+}
+
+template <int N>
+KVPIPE_K_VNNI void dot_q5k_vnni(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride, float* y,
+                               int64_t ldy, int64_t row_begin, int64_t row_end, int64_t cols) {
+  dot_q45k_vnni<N, true>(w, w_stride, x, x_stride, y, ldy, row_begin, row_end, cols);
+}
+
 using FixedKernel = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t,
                              int64_t);
 
@@ -435,6 +468,14 @@ DotKernel k_avx2_kernel(QuantType type) {
     case QuantType::Q2_K: return dispatch_inputs<dot_q2k_n<1>, dot_q2k_n<2>, dot_q2k_n<3>, dot_q2k_n<4>>;
     case QuantType::Q3_K: return dispatch_inputs<dot_q3k_n<1>, dot_q3k_n<2>, dot_q3k_n<3>, dot_q3k_n<4>>;
     case QuantType::IQ4_XS: return dispatch_inputs<dot_iq4xs<1>, dot_iq4xs<2>, dot_iq4xs<3>, dot_iq4xs<4>>;
+    default: return nullptr;
+  }
+}
+
+DotKernel k_vnni_kernel(QuantType type) {
+  switch (type) {
+    case QuantType::Q4_K: return dispatch_inputs<dot_q4k_vnni<1>, dot_q4k_vnni<2>, dot_q4k_vnni<3>, dot_q4k_vnni<4>>;
+    case QuantType::Q5_K: return dispatch_inputs<dot_q5k_vnni<1>, dot_q5k_vnni<2>, dot_q5k_vnni<3>, dot_q5k_vnni<4>>;
     default: return nullptr;
   }
 }
@@ -512,6 +553,7 @@ KVPIPE_AVX2 void k_quantize_activation_row_avx2(const float* x, void* dst, int64
 
 namespace kvpipe::quant_impl {
 DotKernel k_avx2_kernel(QuantType) { return nullptr; }
+DotKernel k_vnni_kernel(QuantType) { return nullptr; }
 }  // namespace kvpipe::quant_impl
 
 #endif

@@ -107,8 +107,10 @@ DotKernel portable_dot_kernel(QuantType type) {
 DotKernel dot_kernel(QuantType type) {
   if (quant_impl::use_avx512())
     if (const DotKernel k = quant_impl::float_avx512_kernel(type)) return k;
-  if (quant_impl::use_avx512_vnni())
+  if (quant_impl::use_avx512_vnni()) {
     if (const DotKernel k = quant_impl::legacy_vnni_kernel(type)) return k;
+    if (const DotKernel k = quant_impl::k_vnni_kernel(type)) return k;
+  }
   if (quant_impl::use_avx2()) {
     const DotKernel k = is_k_type(type) ? quant_impl::k_avx2_kernel(type) : quant_impl::legacy_avx2_kernel(type);
     if (k != nullptr) return k;

@@ -87,7 +87,8 @@ BatchKernel batch_kernel(QuantType type);
 DotKernel portable_dot_kernel(QuantType type);
 // "avx2" or "portable": the kernel set dot_kernel chose for the block types.
 const char* dot_kernel_isa();
-// "avx512-vnni" (the 32-value block types' byte products; the K types stay at AVX2), "avx2"
+// "avx512-vnni" (the 32-value block types' byte products, Q4_K's and Q5_K's scale products;
+// the other K types stay at AVX2), "avx2"
 // or "portable".
 const char* block_kernel_isa();
 // "avx512", "avx2" or "portable": the one it chose for the float types (F32, F16, BF16).
