@@ -127,7 +127,9 @@ void bf16_gemm(Bf16GemmIsa isa, const float* x, int64_t n, int64_t ldx, const ui
     }
   });
 
-  parallel_rows(rows, kGroupRows, [&](int64_t begin, int64_t end) {
+  // Panels handed out in turn past each thread's own run, as int8_gemm's groups: no row's
+  // result depends on which thread computes it.
+  parallel_chunks(rows, kPanelRows, [&](int64_t begin, int64_t end) {
     struct alignas(64) Line {
       uint32_t words[kGroupRows];
     };

@@ -232,7 +232,10 @@ void int8_gemm(Int8GemmIsa isa, const uint8_t* x, int64_t x_stride, int64_t n, Q
   panel.runs = runs;
 
   const int64_t row_bytes = quant_row_bytes(type, cols);
-  parallel_rows(rows, kGroupRows, [&](int64_t begin, int64_t end) {
+  // Groups handed out in turn past each thread's own run: a prompt's product is long enough
+  // for one core running slower than the other (a guest's cores share their host) to show,
+  // and no group's result depends on which thread computes it.
+  parallel_chunks(rows, kGroupRows, [&](int64_t begin, int64_t end) {
     thread_local std::vector<PackedRun> group;
     thread_local std::vector<uint8_t> u;
     thread_local std::vector<float> d, m;
