@@ -177,7 +177,7 @@ void dispatch(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_st
 // the time: kRows rows' chunk widened once and held in registers against kMaxKernelInputs
 // inputs at a time, each (row, input) sum formed as chunks() and finish() form it (so a row
 // gets the same bits at any batch size), the next block's lines prefetched as this block's
-// are consumed. Two rows by four inputs: 8 weight, 8 sum and 4 input registers.
+// are consumed. Three rows by four inputs: 12 weight, 12 sum and 4 input registers of 32.
 constexpr int kBlockRows = 3;
 
 template <int R, int M, typename Load>

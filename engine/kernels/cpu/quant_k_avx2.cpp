@@ -11,6 +11,8 @@
 // activation bytes, as for ggml's Q8_0. Each kernel is
 // instantiated for 1..kMaxKernelInputs inputs: a weight chunk is unpacked once and multiplied
 // into every input while it sits in registers, so a group of inputs streams the weights once.
+// Q4_K and Q5_K have a second build with AVX-512 VNNI's vpdpwssd for the scale products,
+// handed out where that probe passes, with the same results bit for bit.
 #include "engine/kernels/cpu/quant_impl.h"
 
 #if defined(__x86_64__)
@@ -133,7 +135,7 @@ ATTR void NAME(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_s
   for (int64_t r = row_begin; r < row_end; ++r) {                                                                     \
     const uint8_t* row = w + r * w_stride;                                                                            \
     __m256 acc[N];                                                                                                    \
-_Pragma("GCC unroll 4")                                                                                               \
+    _Pragma("GCC unroll 4")                                                                                           \
     for (int n = 0; n < N; ++n) acc[n] = _mm256_setzero_ps();                                                         \
     for (int64_t b = 0; b < blocks; ++b) {                                                                            \
       const uint8_t* wb = row + b * kBlockBytes;                                                                      \
@@ -154,11 +156,11 @@ _Pragma("GCC unroll 4")                                                         
       const __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(packed, mins_pairs));                                \
                                                                                                                       \
       __m256i sumi[N];                                                                                                \
-_Pragma("GCC unroll 4")                                                                                               \
+      _Pragma("GCC unroll 4")                                                                                         \
       for (int n = 0; n < N; ++n) sumi[n] = _mm256_setzero_si256();                                                   \
       /* Q5_K's fifth bits: bit s of qh[l] for sub-block s, walked down two sub-blocks a chunk. */                    \
       __m256i high = kFive ? load256(wb + 16) : _mm256_setzero_si256();                                               \
-_Pragma("GCC unroll 4")                                                                                               \
+      _Pragma("GCC unroll 4")                                                                                         \
       for (int j = 0; j < 4; ++j) {                                                                                   \
         const __m256i bits = load256(wb + kQs + 32 * j);                                                              \
         __m256i q_lo = _mm256_and_si256(bits, low4);                                                                  \
@@ -170,7 +172,7 @@ _Pragma("GCC unroll 4")                                                         
         }                                                                                                             \
         const __m256i s_lo = _mm256_shuffle_epi8(scales, repeat_word(2 * j));                                         \
         const __m256i s_hi = _mm256_shuffle_epi8(scales, repeat_word(2 * j + 1));                                     \
-_Pragma("GCC unroll 4")                                                                                               \
+        _Pragma("GCC unroll 4")                                                                                       \
         for (int n = 0; n < N; ++n) {                                                                                 \
           const uint8_t* a = xb + n * x_stride + kQ8KQs + 64 * j;                                                     \
           sumi[n] = ADD_SCALED(sumi[n], s_lo, q_lo, s_hi, q_hi, a);                                                   \
@@ -182,7 +184,7 @@ _Pragma("GCC unroll 4")                                                         
       const __m128 d_dmin = _mm_cvtph_ps(_mm_cvtsi32_si128(load_i32(wb)));                                            \
       const __m256 vd = _mm256_broadcastss_ps(d_dmin);                                                                \
       const __m256 vdmin = _mm256_broadcastss_ps(_mm_movehdup_ps(d_dmin));                                            \
-_Pragma("GCC unroll 4")                                                                                               \
+      _Pragma("GCC unroll 4")                                                                                         \
       for (int n = 0; n < N; ++n) {                                                                                   \
         const uint8_t* xn = xb + n * x_stride;                                                                        \
         const __m256i m = _mm256_madd_epi16(mins, load256(xn + kQ8KBsums));                                           \
@@ -191,7 +193,7 @@ _Pragma("GCC unroll 4")                                                         
         acc[n] = _mm256_fmadd_ps(_mm256_broadcast_ss(reinterpret_cast<const float*>(xn)), block, acc[n]);             \
       }                                                                                                               \
     }                                                                                                                 \
-_Pragma("GCC unroll 4")                                                                                               \
+    _Pragma("GCC unroll 4")                                                                                           \
     for (int n = 0; n < N; ++n) y[n * ldy + r] = hsum(acc[n]);                                                        \
   }                                                                                                                   \
 }

@@ -83,13 +83,13 @@ using BatchKernel = void (*)(const uint8_t* w, int64_t w_stride, const uint8_t* 
                              int64_t inputs, float* y, int64_t ldy, int64_t row_begin, int64_t row_end,
                              int64_t cols);
 BatchKernel batch_kernel(QuantType type);
+
 // The portable kernel for `type` (the reference the vector kernels are tested against).
 DotKernel portable_dot_kernel(QuantType type);
 // "avx2" or "portable": the kernel set dot_kernel chose for the block types.
 const char* dot_kernel_isa();
 // "avx512-vnni" (the 32-value block types' byte products, Q4_K's and Q5_K's scale products;
-// the other K types stay at AVX2), "avx2"
-// or "portable".
+// the other K types stay at AVX2), "avx2" or "portable".
 const char* block_kernel_isa();
 // "avx512", "avx2" or "portable": the one it chose for the float types (F32, F16, BF16).
 const char* float_kernel_isa();
