@@ -404,7 +404,8 @@ void run_groups(InterleaveIsa isa, const GroupKernels<Acts>& kernels, const Acts
   // Groups in chunks taken in turn (a row's result does not depend on the split): about eight a
   // thread, so that a slower core takes fewer of them.
   const int64_t groups = rows / kGroupRows;
-  const int64_t chunk = std::max<int64_t>(1, groups / (8 * ThreadPool::instance().threads()));
+  // Even, so that the AVX-512 kernels find their groups in pairs.
+  const int64_t chunk = 2 * std::max<int64_t>(1, groups / (16 * ThreadPool::instance().threads()));
   parallel_chunks(groups, chunk, [&](int64_t g_begin, int64_t g_end) { kernel(w, g_begin, g_end, a, n, y, ldy); });
 }
 

@@ -163,6 +163,128 @@ KVPIPE_INTERLEAVED_TILE(q4_0_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, SumsVnni, kQ4
 KVPIPE_INTERLEAVED_TILE(q8_0_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, Q8SumsAvx2, kQ8_0GroupBlockBytes)
 KVPIPE_INTERLEAVED_TILE(q8_0_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, Q8SumsVnni, kQ8_0GroupBlockBytes)
 
+// ---- Pairs of groups in 512-bit vectors (Q4_0, Q8_0; AVX-512 VNNI) ---------------------------
+// Two adjacent groups, 16 rows, one to each 32-bit lane of a 512-bit vector: every vpdpbusd,
+// broadcast and float operation serves twice the rows of the 256-bit tiles above. A prompt's
+// tiles there issued about three instructions per vpdpbusd and were bound by issuing them, not
+// by the multiplies (a 512-bit vpdpbusd does the work of two 256-bit ones). Each lane does the
+// 256-bit tile's operations in its order, so a row's result is the same bit for bit.
+
+// GCC 12 warns that the widening casts' undefined upper halves "may be used uninitialized" once
+// inlined (its bug 105593, fixed in GCC 13); the inserts overwrite them.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+KVPIPE_INTERLEAVED_VNNI inline __m512i load_pair(const uint8_t* p0, const uint8_t* p1) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0))),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p1)), 1);
+}
+
+// The 16 rows' fp16 scales at the start of each group's block, widened.
+KVPIPE_INTERLEAVED_VNNI inline __m512 scales_pair(const uint8_t* p0, const uint8_t* p1) {
+  const __m128i s0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p0));
+  const __m128i s1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1));
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(s0), s1, 1));
+}
+
+struct Q4_0Pair {
+  static constexpr int64_t kBlockBytes = kQ4_0GroupBlockBytes;
+  struct Weights {
+    __m512i lo[4], hi[4];
+  };
+  KVPIPE_INTERLEAVED_VNNI static Weights load(const uint8_t* q0, const uint8_t* q1) {
+    const __m512i mask = _mm512_set1_epi8(0x0f);
+    Weights v;
+    for (int k = 0; k < 4; ++k) {
+      const __m512i bytes = load_pair(q0 + 32 * k, q1 + 32 * k);
+      v.lo[k] = _mm512_and_si512(bytes, mask);
+      v.hi[k] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), mask);
+    }
+    return v;
+  }
+  KVPIPE_INTERLEAVED_VNNI static __m512i block(const Weights& v, const uint8_t* xq, int32_t offset) {
+    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+    for (int k = 0; k < 4; ++k) {
+      lo = _mm512_dpbusd_epi32(lo, v.lo[k], _mm512_set1_epi32(load_i32(xq + 4 * k)));
+      hi = _mm512_dpbusd_epi32(hi, v.hi[k], _mm512_set1_epi32(load_i32(xq + 16 + 4 * k)));
+    }
+    return _mm512_sub_epi32(_mm512_add_epi32(lo, hi), _mm512_set1_epi32(offset));
+  }
+};
+
+struct Q8_0Pair {
+  static constexpr int64_t kBlockBytes = kQ8_0GroupBlockBytes;
+  struct Weights {
+    __m512i q[8];  // each byte plus 128, as in Q8SumsVnni
+  };
+  KVPIPE_INTERLEAVED_VNNI static Weights load(const uint8_t* q0, const uint8_t* q1) {
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    Weights v;
+    for (int k = 0; k < 8; ++k) v.q[k] = _mm512_xor_si512(load_pair(q0 + 32 * k, q1 + 32 * k), flip);
+    return v;
+  }
+  KVPIPE_INTERLEAVED_VNNI static __m512i block(const Weights& v, const uint8_t* xq, int32_t offset) {
+    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+    for (int k = 0; k < 4; ++k) {
+      lo = _mm512_dpbusd_epi32(lo, v.q[k], _mm512_set1_epi32(load_i32(xq + 4 * k)));
+      hi = _mm512_dpbusd_epi32(hi, v.q[4 + k], _mm512_set1_epi32(load_i32(xq + 16 + 4 * k)));
+    }
+    return _mm512_sub_epi32(_mm512_add_epi32(lo, hi), _mm512_set1_epi32(offset));
+  }
+};
+
+// kInputs inputs from j0 times the groups at w0 and w0 + group_bytes; results at y (the second
+// group's rows follow the first's).
+template <typename Pair, int kInputs>
+KVPIPE_INTERLEAVED_VNNI void pair_inputs(const uint8_t* w0, int64_t group_bytes, const Activations& a, int64_t j0,
+                                         float* y, int64_t ldy) {
+  __m512 acc[kInputs];
+  const uint8_t* xr[kInputs];
+  const float* da[kInputs];
+  const int32_t* off[kInputs];
+  for (int j = 0; j < kInputs; ++j) {
+    acc[j] = _mm512_setzero_ps();
+    xr[j] = a.x + (j0 + j) * a.x_stride + 2;
+    da[j] = a.da + (j0 + j) * a.blocks;
+    off[j] = a.offset + (j0 + j) * a.blocks;
+  }
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    const uint8_t* wb0 = w0 + b * Pair::kBlockBytes;
+    const uint8_t* wb1 = wb0 + group_bytes;
+    if (j0 == 0)
+      for (int64_t line = 0; line < Pair::kBlockBytes; line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(wb0 + kPrefetchBytes + line), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(wb1 + kPrefetchBytes + line), _MM_HINT_T0);
+      }
+    const __m512 dw = scales_pair(wb0, wb1);
+    const typename Pair::Weights v = Pair::load(wb0 + 2 * kGroupRows, wb1 + 2 * kGroupRows);
+    _Pragma("GCC unroll 8") for (int j = 0; j < kInputs; ++j) {
+      const __m512i sum = Pair::block(v, xr[j] + b * kQ8_0ActivationBytes, off[j][b]);
+      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(da[j][b]));
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc[j]);
+    }
+  }
+  for (int j = 0; j < kInputs; ++j) _mm512_storeu_ps(y + (j0 + j) * ldy, acc[j]);
+}
+
+#pragma GCC diagnostic pop
+
+template <int kInputs>
+struct q4_0_pairs_vnni {
+  KVPIPE_INTERLEAVED_VNNI static void run(const uint8_t* w0, int64_t group_bytes, const Activations& a, int64_t j0,
+                                          float* y, int64_t ldy) {
+    pair_inputs<Q4_0Pair, kInputs>(w0, group_bytes, a, j0, y, ldy);
+  }
+};
+
+template <int kInputs>
+struct q8_0_pairs_vnni {
+  KVPIPE_INTERLEAVED_VNNI static void run(const uint8_t* w0, int64_t group_bytes, const Activations& a, int64_t j0,
+                                          float* y, int64_t ldy) {
+    pair_inputs<Q8_0Pair, kInputs>(w0, group_bytes, a, j0, y, ldy);
+  }
+};
+
 // Groups [g_begin, g_end), their inputs in tiles of kWide (Tile<k>::run, k inputs each), then
 // one of 4 where kWide is 8, then one of what is left. kWide is as many inputs as the registers
 // hold beside a block's weight vectors (the entry points below say which). A lone input takes
@@ -379,6 +501,176 @@ struct Q6Vnni {
 KVPIPE_INTERLEAVED_Q6K_TILE(q6k_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, Q6Avx2)
 KVPIPE_INTERLEAVED_Q6K_TILE(q6k_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, Q6Vnni)
 
+// ---- Pairs of groups in 512-bit vectors (Q4_K, Q6_K) ----------------------------------------
+// As for Q4_0 and Q8_0 above: the super-block tiles' operations, each lane a row of one of two
+// adjacent groups.
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as above
+
+// Bytes [0, 8) of a row set from each group, widened: lanes 0-7 the first group's, 8-15 the second's.
+KVPIPE_INTERLEAVED_VNNI inline __m512i u8_pair_epi32(const uint8_t* p0, const uint8_t* p1) {
+  return _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p0)),
+                                                 _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p1))));
+}
+
+// 16 bytes from each group as 32 int16, unsigned or signed.
+KVPIPE_INTERLEAVED_VNNI inline __m256i bytes16_pair(const uint8_t* p0, const uint8_t* p1) {
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p0))),
+                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1)), 1);
+}
+
+template <int kInputs>
+struct q4k_pairs_vnni {
+  KVPIPE_INTERLEAVED_VNNI static void run(const uint8_t* w0, int64_t group_bytes, const SuperActivations& a,
+                                          int64_t j0, float* y, int64_t ldy) {
+    const __m512i mask = _mm512_set1_epi8(0x0f);
+    __m512 acc[kInputs];
+    const uint8_t* xr[kInputs];
+    for (int j = 0; j < kInputs; ++j) {
+      acc[j] = _mm512_setzero_ps();
+      xr[j] = a.x + (j0 + j) * a.x_stride + 4;
+    }
+    for (int64_t b = 0; b < a.blocks; ++b) {
+      const uint8_t* wb0 = w0 + b * kQ4KGroupBlockBytes;
+      const uint8_t* wb1 = wb0 + group_bytes;
+      if (j0 == 0)
+        for (int64_t off = 0; off < kQ4KGroupBlockBytes; off += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(wb0 + kPrefetchBytes + off), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(wb1 + kPrefetchBytes + off), _MM_HINT_T0);
+        }
+      __m512i sumi[kInputs];
+      for (int j = 0; j < kInputs; ++j) sumi[j] = _mm512_setzero_si512();
+      for (int p = 0; p < 4; ++p) {
+        __m512i lo[kInputs], hi[kInputs];
+        for (int j = 0; j < kInputs; ++j) lo[j] = hi[j] = _mm512_setzero_si512();
+        const uint8_t* q0 = wb0 + kQ4KQs + 256 * p;
+        const uint8_t* q1 = wb1 + kQ4KQs + 256 * p;
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k) {
+          const __m512i bytes = load_pair(q0 + 32 * k, q1 + 32 * k);
+          const __m512i vlo = _mm512_and_si512(bytes, mask);
+          const __m512i vhi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), mask);
+          for (int j = 0; j < kInputs; ++j) {
+            const uint8_t* xq = xr[j] + b * kQ8KActivationBytes + 64 * p + 4 * k;
+            lo[j] = _mm512_dpbusd_epi32(lo[j], vlo, _mm512_set1_epi32(load_i32(xq)));
+            hi[j] = _mm512_dpbusd_epi32(hi[j], vhi, _mm512_set1_epi32(load_i32(xq + 32)));
+          }
+        }
+        const __m512i sc_lo = u8_pair_epi32(wb0 + kQ4KScales + 16 * p, wb1 + kQ4KScales + 16 * p);
+        const __m512i sc_hi = u8_pair_epi32(wb0 + kQ4KScales + 16 * p + 8, wb1 + kQ4KScales + 16 * p + 8);
+        for (int j = 0; j < kInputs; ++j)
+          sumi[j] = _mm512_add_epi32(sumi[j], _mm512_add_epi32(_mm512_mullo_epi32(lo[j], sc_lo),
+                                                               _mm512_mullo_epi32(hi[j], sc_hi)));
+      }
+      const __m512 dw = scales_pair(wb0, wb1);
+      const __m512 dm = scales_pair(wb0 + 16, wb1 + 16);
+      __m512i mins[4];
+      for (int p = 0; p < 4; ++p)
+        mins[p] = _mm512_cvtepu8_epi16(bytes16_pair(wb0 + kQ4KMins + 16 * p, wb1 + kQ4KMins + 16 * p));
+      for (int j = 0; j < kInputs; ++j) {
+        const int32_t* pairs = a.sum_pairs + ((j0 + j) * a.blocks + b) * 4;
+        __m512i summ = _mm512_madd_epi16(mins[0], _mm512_set1_epi32(pairs[0]));
+        for (int p = 1; p < 4; ++p) summ = _mm512_add_epi32(summ, _mm512_madd_epi16(mins[p], _mm512_set1_epi32(pairs[p])));
+        const __m512 da = _mm512_set1_ps(a.da[(j0 + j) * a.blocks + b]);
+        acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[j]), _mm512_mul_ps(dw, da), acc[j]);
+        acc[j] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(summ), _mm512_mul_ps(dm, da), acc[j]);
+      }
+    }
+    for (int j = 0; j < kInputs; ++j) _mm512_storeu_ps(y + (j0 + j) * ldy, acc[j]);
+  }
+};
+
+template <int kInputs>
+struct q6k_pairs_vnni {
+  KVPIPE_INTERLEAVED_VNNI static void run(const uint8_t* w0, int64_t group_bytes, const SuperActivations& a,
+                                          int64_t j0, float* y, int64_t ldy) {
+    const __m512i low4 = _mm512_set1_epi8(0x0f), high2 = _mm512_set1_epi8(0x30);
+    __m512 acc[kInputs];
+    const uint8_t* xr[kInputs];
+    for (int j = 0; j < kInputs; ++j) {
+      acc[j] = _mm512_setzero_ps();
+      xr[j] = a.x + (j0 + j) * a.x_stride + 4;
+    }
+    for (int64_t b = 0; b < a.blocks; ++b) {
+      const uint8_t* wb0 = w0 + b * kQ6KGroupBlockBytes;
+      const uint8_t* wb1 = wb0 + group_bytes;
+      if (j0 == 0)
+        for (int64_t off = 0; off < kQ6KGroupBlockBytes; off += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(wb0 + kPrefetchBytes + off), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(wb1 + kPrefetchBytes + off), _MM_HINT_T0);
+        }
+      __m512i sumi[kInputs];
+      for (int j = 0; j < kInputs; ++j) sumi[j] = _mm512_setzero_si512();
+      for (int p = 0; p < 8; ++p) {
+        // lane i: the scales of its row's sub-blocks 2p (low int16) and 2p + 1 (high)
+        const __m512i pair =
+            _mm512_cvtepi8_epi16(bytes16_pair(wb0 + kQ6KScales + 16 * p, wb1 + kQ6KScales + 16 * p));
+        const __m512i scale[2] = {_mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16), _mm512_srai_epi32(pair, 16)};
+        for (int h = 0; h < 2; ++h) {
+          const int64_t c = kQ6KQs + kQ6KSubBlockBytes * (2 * p + h);
+          const __m512i lo = load_pair(wb0 + c, wb1 + c);
+          const __m512i hi = load_pair(wb0 + c + 32, wb1 + c + 32);
+          const __m512i top = load_pair(wb0 + c + 64, wb1 + c + 64);
+          const __m512i v[4] = {
+              _mm512_or_si512(_mm512_and_si512(lo, low4), _mm512_and_si512(_mm512_slli_epi16(top, 4), high2)),
+              _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo, 4), low4),
+                              _mm512_and_si512(_mm512_slli_epi16(top, 2), high2)),
+              _mm512_or_si512(_mm512_and_si512(hi, low4), _mm512_and_si512(top, high2)),
+              _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(hi, 4), low4),
+                              _mm512_and_si512(_mm512_srli_epi16(top, 2), high2))};
+          for (int j = 0; j < kInputs; ++j) {
+            const uint8_t* xq = xr[j] + b * kQ8KActivationBytes + 16 * (2 * p + h);
+            __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[0], _mm512_set1_epi32(load_i32(xq)));
+            for (int m = 1; m < 4; ++m) sum = _mm512_dpbusd_epi32(sum, v[m], _mm512_set1_epi32(load_i32(xq + 4 * m)));
+            sumi[j] = _mm512_add_epi32(sumi[j], _mm512_mullo_epi32(sum, scale[h]));
+          }
+        }
+        for (int j = 0; j < kInputs; ++j) {
+          const int32_t sums = a.sum_pairs[((j0 + j) * a.blocks + b) * 8 + p];
+          sumi[j] = _mm512_sub_epi32(sumi[j], _mm512_slli_epi32(_mm512_madd_epi16(pair, _mm512_set1_epi32(sums)), 5));
+        }
+      }
+      const __m512 dw = scales_pair(wb0, wb1);
+      for (int j = 0; j < kInputs; ++j) {
+        const __m512 da = _mm512_set1_ps(a.da[(j0 + j) * a.blocks + b]);
+        acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[j]), _mm512_mul_ps(dw, da), acc[j]);
+      }
+    }
+    for (int j = 0; j < kInputs; ++j) _mm512_storeu_ps(y + (j0 + j) * ldy, acc[j]);
+  }
+};
+
+#pragma GCC diagnostic pop
+
+// Groups [g_begin, g_end) two at a time (PairTile<k>::run, tiles of kPairWide inputs, then one
+// of 4 where kPairWide is 8, then one of what is left); a group left over, and a lone input's
+// groups, as tiled_groups<Tile, kWide> does them.
+template <template <int> class PairTile, int kPairWide, template <int, int> class Tile, int kWide, typename Acts>
+KVPIPE_INTERLEAVED_VNNI void paired_groups(const uint8_t* w, int64_t g_begin, int64_t g_end, int64_t group_bytes,
+                                           const Acts& a, int64_t n, float* y, int64_t ldy) {
+  static_assert(kPairWide == 4 || kPairWide == 8, "pair tiles of 4 or 8 inputs");
+  int64_t g = g_begin;
+  if (n > 1)
+    for (; g + 2 <= g_end; g += 2) {
+      const uint8_t* const wg = w + g * group_bytes;
+      float* const yg = y + g * kGroupRows;
+      int64_t j = 0;
+      for (; j + kPairWide <= n; j += kPairWide) PairTile<kPairWide>::run(wg, group_bytes, a, j, yg, ldy);
+      if constexpr (kPairWide == 8)
+        if (n - j >= 4) {
+          PairTile<4>::run(wg, group_bytes, a, j, yg, ldy);
+          j += 4;
+        }
+      switch (n - j) {
+        case 3: PairTile<3>::run(wg, group_bytes, a, j, yg, ldy); break;
+        case 2: PairTile<2>::run(wg, group_bytes, a, j, yg, ldy); break;
+        case 1: PairTile<1>::run(wg, group_bytes, a, j, yg, ldy); break;
+        default: break;
+      }
+    }
+  if (g < g_end) tiled_groups<Tile, kWide>(w, g, g_end, group_bytes, a, n, y, ldy);
+}
+
 }  // namespace
 
 // AVX2 has 16 vector registers: a 32-value block's 8 weight vectors and 4 inputs' accumulators
@@ -391,7 +683,7 @@ void q4_0_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activatio
 
 void q4_0_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
                      int64_t ldy) {
-  tiled_groups<q4_0_inputs_vnni, 8>(w, g_begin, g_end, a.blocks * kQ4_0GroupBlockBytes, a, n, y, ldy);
+  paired_groups<q4_0_pairs_vnni, 8, q4_0_inputs_vnni, 8>(w, g_begin, g_end, a.blocks * kQ4_0GroupBlockBytes, a, n, y, ldy);
 }
 
 void q8_0_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
@@ -401,7 +693,7 @@ void q8_0_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activatio
 
 void q8_0_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activations& a, int64_t n, float* y,
                      int64_t ldy) {
-  tiled_groups<q8_0_inputs_vnni, 8>(w, g_begin, g_end, a.blocks * kQ8_0GroupBlockBytes, a, n, y, ldy);
+  paired_groups<q8_0_pairs_vnni, 8, q8_0_inputs_vnni, 8>(w, g_begin, g_end, a.blocks * kQ8_0GroupBlockBytes, a, n, y, ldy);
 }
 
 void q4_k_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
@@ -411,7 +703,7 @@ void q4_k_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActi
 
 void q4_k_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n,
                      float* y, int64_t ldy) {
-  tiled_groups<super_inputs_vnni, 4>(w, g_begin, g_end, a.blocks * kQ4KGroupBlockBytes, a, n, y, ldy);
+  paired_groups<q4k_pairs_vnni, 4, super_inputs_vnni, 4>(w, g_begin, g_end, a.blocks * kQ4KGroupBlockBytes, a, n, y, ldy);
 }
 
 void q6_k_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
@@ -421,7 +713,7 @@ void q6_k_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActi
 
 void q6_k_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n,
                      float* y, int64_t ldy) {
-  tiled_groups<q6k_inputs_vnni, 4>(w, g_begin, g_end, a.blocks * kQ6KGroupBlockBytes, a, n, y, ldy);
+  paired_groups<q6k_pairs_vnni, 4, q6k_inputs_vnni, 4>(w, g_begin, g_end, a.blocks * kQ6KGroupBlockBytes, a, n, y, ldy);
 }
 
 }  // namespace kvpipe::interleaved_impl
