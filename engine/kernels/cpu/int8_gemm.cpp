@@ -139,6 +139,17 @@ TileFn tile_for(Int8GemmIsa isa) {
   return nullptr;
 }
 
+using PairTileFn = void (*)(const PackedRun*, const PackedRun*, const Panel&, bool, int64_t, float*, int64_t, int);
+
+// The 16-row tile where the ISA has one (AVX-512's 32 registers of 16 lanes), else null.
+PairTileFn pair_tile_for(Int8GemmIsa isa) {
+#if defined(__x86_64__)
+  if (isa == Int8GemmIsa::kAvx512Vnni) return int8_gemm_impl::tile_pair_avx512vnni;
+#endif
+  (void)isa;
+  return nullptr;
+}
+
 }  // namespace
 
 const char* int8_gemm_isa_name(Int8GemmIsa isa) {
@@ -235,18 +246,32 @@ void int8_gemm(Int8GemmIsa isa, const uint8_t* x, int64_t x_stride, int64_t n, Q
   // Groups handed out in turn past each thread's own run: a prompt's product is long enough
   // for one core running slower than the other (a guest's cores share their host) to show,
   // and no group's result depends on which thread computes it.
-  parallel_chunks(rows, kGroupRows, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<PackedRun> group;
+  // Two groups at a time: AVX-512 multiplies them together, 16 rows to a vector.
+  const PairTileFn pair_tile = pair_tile_for(isa);
+  parallel_chunks(rows, 2 * kGroupRows, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<PackedRun> groups;
     thread_local std::vector<uint8_t> u;
     thread_local std::vector<float> d, m;
-    group.resize(static_cast<size_t>(runs));
+    groups.resize(static_cast<size_t>(2 * runs));
     u.resize(static_cast<size_t>(cols));
     d.resize(static_cast<size_t>(runs * halves));
     m.resize(static_cast<size_t>(runs * halves));
-    for (int64_t r0 = begin; r0 < end; r0 += kGroupRows) {
-      const int valid = static_cast<int>(std::min<int64_t>(kGroupRows, end - r0));
-      pack_group(type, w, row_bytes, r0, valid, cols, group.data(), u, d, m);
-      tile(group.data(), panel, split, n, y + r0, ldy, valid);
+    PackedRun* const first = groups.data();
+    PackedRun* const second = first + runs;
+    for (int64_t r0 = begin; r0 < end; r0 += 2 * kGroupRows) {
+      const int valid = static_cast<int>(std::min<int64_t>(2 * kGroupRows, end - r0));
+      pack_group(type, w, row_bytes, r0, std::min(valid, kGroupRows), cols, first, u, d, m);
+      if (valid <= kGroupRows) {
+        tile(first, panel, split, n, y + r0, ldy, valid);
+        continue;
+      }
+      pack_group(type, w, row_bytes, r0 + kGroupRows, valid - kGroupRows, cols, second, u, d, m);
+      if (pair_tile) {
+        pair_tile(first, second, panel, split, n, y + r0, ldy, valid);
+      } else {
+        tile(first, panel, split, n, y + r0, ldy, kGroupRows);
+        tile(second, panel, split, n, y + r0 + kGroupRows, ldy, valid - kGroupRows);
+      }
     }
   });
 }

@@ -37,5 +37,8 @@ void tile_portable(const PackedRun* group, const Panel& p, bool split, int64_t n
 void tile_avx2(const PackedRun* group, const Panel& p, bool split, int64_t n, float* y, int64_t ldy, int valid);
 void tile_avx512vnni(const PackedRun* group, const Panel& p, bool split, int64_t n, float* y, int64_t ldy,
                      int valid);
+// Two groups, g0's rows then g1's, as 16 rows: y[j * ldy + i] for rows i < valid (9 to 16).
+void tile_pair_avx512vnni(const PackedRun* g0, const PackedRun* g1, const Panel& p, bool split, int64_t n, float* y,
+                          int64_t ldy, int valid);
 
 }  // namespace kvpipe::int8_gemm_impl

@@ -117,6 +117,75 @@ KVPIPE_INT8_VNNI void tile_vnni_impl(const PackedRun* group, const Panel& p, int
   }
 }
 
+// Two groups (16 rows, one to each 32-bit lane of a 512-bit vector) against kInputs inputs:
+// every vpdpbusd, broadcast and float operation serves twice the rows of inputs_vnni, whose
+// prompts were bound by issuing instructions rather than by the multiplies. Each lane does
+// inputs_vnni's operations in its order, so a row's result is the same bit for bit.
+// GCC 12 warns that the widening casts' undefined upper halves "may be used uninitialized"
+// once inlined (its bug 105593, fixed in GCC 13); the inserts overwrite them.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+template <int kInputs, bool kSplit>
+KVPIPE_INT8_VNNI void pair_inputs_vnni(const PackedRun* g0, const PackedRun* g1, const Panel& p, int64_t j0, float* y,
+                                       int64_t ldy, int valid) {
+  constexpr int kHalves = kSplit ? 2 : 1;
+  __m512 acc[kInputs];
+  const uint8_t* xr[kInputs];
+  const float* da[kInputs];
+  const float* sa[kInputs];
+  for (int j = 0; j < kInputs; ++j) {
+    acc[j] = _mm512_setzero_ps();
+    xr[j] = p.x + (j0 + j) * p.x_stride;
+    da[j] = p.da + (j0 + j) * p.runs;
+    sa[j] = p.s + (j0 + j) * p.runs * kHalves;
+  }
+  for (int64_t b = 0; b < p.runs; ++b) {
+    const PackedRun& r0 = g0[b];
+    const PackedRun& r1 = g1[b];
+    const int64_t off = p.qs_offset[b];
+    __m512i isum[kHalves][kInputs];
+    for (int h = 0; h < kHalves; ++h)
+      for (int j = 0; j < kInputs; ++j) isum[h][j] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k) {
+      const __m512i w = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(r0.q + 32 * k))),
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(r1.q + 32 * k)), 1);
+      const int h = kSplit && k >= 4 ? 1 : 0;
+      for (int j = 0; j < kInputs; ++j)
+        isum[h][j] = _mm512_dpbusd_epi32(isum[h][j], w, _mm512_set1_epi32(load_i32(xr[j] + off + 4 * k)));
+    }
+    for (int h = 0; h < kHalves; ++h) {
+      const __m512 dv = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_load_ps(r0.d[h])), _mm256_load_ps(r1.d[h]), 1);
+      const __m512 mv = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_load_ps(r0.m[h])), _mm256_load_ps(r1.m[h]), 1);
+      for (int j = 0; j < kInputs; ++j) {
+        const __m512 scale = _mm512_mul_ps(dv, _mm512_set1_ps(da[j][b]));
+        acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[h][j]), scale, acc[j]);
+        acc[j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sa[j][b * kHalves + h]), acc[j]);
+      }
+    }
+  }
+  const __mmask16 keep = static_cast<__mmask16>((1u << valid) - 1);
+  for (int j = 0; j < kInputs; ++j) _mm512_mask_storeu_ps(y + (j0 + j) * ldy, keep, acc[j]);
+}
+#pragma GCC diagnostic pop
+
+template <bool kSplit>
+KVPIPE_INT8_VNNI void tile_pair_vnni_impl(const PackedRun* g0, const PackedRun* g1, const Panel& p, int64_t n,
+                                          float* y, int64_t ldy, int valid) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) pair_inputs_vnni<8, kSplit>(g0, g1, p, j, y, ldy, valid);
+  if (n - j >= 4) {
+    pair_inputs_vnni<4, kSplit>(g0, g1, p, j, y, ldy, valid);
+    j += 4;
+  }
+  switch (n - j) {
+    case 3: pair_inputs_vnni<3, kSplit>(g0, g1, p, j, y, ldy, valid); break;
+    case 2: pair_inputs_vnni<2, kSplit>(g0, g1, p, j, y, ldy, valid); break;
+    case 1: pair_inputs_vnni<1, kSplit>(g0, g1, p, j, y, ldy, valid); break;
+    default: break;
+  }
+}
+
 }  // namespace
 
 void tile_avx2(const PackedRun* group, const Panel& p, bool split, int64_t n, float* y, int64_t ldy, int valid) {
@@ -128,6 +197,12 @@ void tile_avx512vnni(const PackedRun* group, const Panel& p, bool split, int64_t
                      int valid) {
   if (split) return tile_vnni_impl<true>(group, p, n, y, ldy, valid);
   tile_vnni_impl<false>(group, p, n, y, ldy, valid);
+}
+
+void tile_pair_avx512vnni(const PackedRun* g0, const PackedRun* g1, const Panel& p, bool split, int64_t n, float* y,
+                          int64_t ldy, int valid) {
+  if (split) return tile_pair_vnni_impl<true>(g0, g1, p, n, y, ldy, valid);
+  tile_pair_vnni_impl<false>(g0, g1, p, n, y, ldy, valid);
 }
 
 }  // namespace kvpipe::int8_gemm_impl
