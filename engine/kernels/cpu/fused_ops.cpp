@@ -1,5 +1,7 @@
 #include "engine/kernels/cpu/fused_ops.h"
 
+#include "engine/kernels/cpu/fused_ops_impl.h"
+#include "engine/kernels/cpu/quant_impl.h"
 #include "engine/kernels/cpu/thread_pool.h"
 
 #include <cmath>
@@ -81,6 +83,13 @@ void rope_rows(const float* x, int64_t rows, int64_t heads, int64_t head_dim, in
 }
 
 void gated_activation_rows(const float* gate_up, int64_t rows, int64_t ff, int64_t ld, bool gelu_tanh, float* out) {
+  // SiLU in vectors where the processor has them: the scalar expf took about 2.4 ns a value,
+  // 4% of a prompt's time.
+  void (*silu)(const float*, const float*, float*, int64_t) = nullptr;
+#if defined(__x86_64__)
+  if (quant_impl::use_avx512()) silu = fused_impl::silu_mul_avx512;
+  else if (quant_impl::use_avx2()) silu = fused_impl::silu_mul_avx2;
+#endif
   for_rows(rows, ff, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* g = gate_up + r * ld;
@@ -93,6 +102,8 @@ void gated_activation_rows(const float* gate_up, int64_t rows, int64_t ff, int64
           const float x = g[i];
           o[i] = 0.5f * x * (1.0f + std::tanh(kAlpha * (x + kBeta * x * x * x))) * u[i];
         }
+      } else if (silu) {
+        silu(g, u, o, ff);
       } else {
         for (int64_t i = 0; i < ff; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
       }
