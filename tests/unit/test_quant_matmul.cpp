@@ -1,6 +1,7 @@
 // The thread pool, quant_matmul's paths and WeightMatrix, against float64 references of
 // the dequantised weights (the per-type kernels have their own tests).
 #include "engine/kernels/cpu/bf16_gemm.h"
+#include "engine/kernels/cpu/f16_gemm.h"
 #include "engine/kernels/cpu/int8_gemm.h"
 #include "engine/kernels/cpu/quant_matmul.h"
 #include "engine/kernels/cpu/thread_pool.h"
@@ -128,6 +129,7 @@ TEST_P(QuantMatmul, BothPathsMatchFloat64OnAnyThreadCount) {
       std::vector<MatmulPath> paths = {MatmulPath::kKernel, MatmulPath::kBlas};
       if (int8_gemm_choice(type)) paths.push_back(MatmulPath::kInt8);
       if (type == QuantType::BF16 && bf16_gemm_choice()) paths.push_back(MatmulPath::kBf16);
+      if (type == QuantType::F16 && f16_gemm_choice()) paths.push_back(MatmulPath::kF16);
       for (const MatmulPath path : paths) {
         std::vector<float> y(static_cast<size_t>(n * (rows + 3)), -1.0f);
         quant_matmul_on(path, x.data(), n, cols, type, w.data(), rows, cols, y.data(), rows + 3);

@@ -2,6 +2,7 @@
 
 #include "engine/kernels/cpu/bf16_gemm.h"
 #include "engine/kernels/cpu/blas_gemm.h"
+#include "engine/kernels/cpu/f16_gemm.h"
 #include "engine/kernels/cpu/int8_gemm.h"
 #include "engine/kernels/cpu/interleaved_blocks.h"
 #include "engine/kernels/cpu/thread_pool.h"
@@ -144,6 +145,13 @@ void run_path(MatmulPath path, const float* x, int64_t n, int64_t ldx, const Act
                                     " on this processor");
       return int8_gemm(*isa, a.data, a.stride, n, type, w, rows, cols, y, ldy);
     }
+    case MatmulPath::kF16: {
+      const std::optional<F16GemmIsa> isa = f16_gemm_choice();
+      if (type != QuantType::F16 || !isa)
+        throw std::invalid_argument(std::string("quant_matmul: no float16 product for ") + quant_name(type) +
+                                    " on this processor");
+      return f16_gemm(*isa, x, n, ldx, reinterpret_cast<const uint16_t*>(w), rows, cols, y, ldy);
+    }
     case MatmulPath::kBf16: {
       const std::optional<Bf16GemmIsa> isa = bf16_gemm_choice();
       if (type != QuantType::BF16 || !isa)
@@ -171,6 +179,7 @@ std::string matmul_path_name(MatmulPath path) {
     case MatmulPath::kBlas: return "blas";
     case MatmulPath::kInt8: return "int8";
     case MatmulPath::kBf16: return "bf16";
+    case MatmulPath::kF16: return "f16";
   }
   return "?";
 }
@@ -182,6 +191,7 @@ MatmulPath prompt_matmul_path(QuantType type) {
     case Forced::kAuto: break;
   }
   if (type == QuantType::BF16) return bf16_gemm_choice() ? MatmulPath::kBf16 : MatmulPath::kBlas;
+  if (type == QuantType::F16) return f16_gemm_choice() ? MatmulPath::kF16 : MatmulPath::kBlas;
   return int8_gemm_choice(type) ? MatmulPath::kInt8 : MatmulPath::kBlas;
 }
 
@@ -203,7 +213,9 @@ std::string block_prompt_kernels() {
 std::string prompt_kernels_description() {
   if (forced_path() != Forced::kAuto) return forced_path() == Forced::kBlas ? "blas" : "kernel";
   const std::optional<Bf16GemmIsa> bf16 = bf16_gemm_choice();
-  return block_prompt_kernels() + "; BF16: " + (bf16 ? bf16_gemm_isa_name(*bf16) : "blas");
+  const std::optional<F16GemmIsa> f16 = f16_gemm_choice();
+  return block_prompt_kernels() + "; BF16: " + (bf16 ? bf16_gemm_isa_name(*bf16) : "blas") +
+         "; F16: " + (f16 ? f16_gemm_isa_name(*f16) : "blas");
 }
 
 void quant_matmul(const float* x, int64_t n, int64_t ldx, QuantType type, const uint8_t* w, int64_t rows,
