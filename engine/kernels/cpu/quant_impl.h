@@ -51,6 +51,8 @@ DotKernel k_avx2_kernel(QuantType type);  // nullptr where the build has no x86 
 // Q4_K's and Q5_K's AVX2 kernels with vpdpwssd for the scales' madd + add: the same results,
 // bit for bit. nullptr for the other types or where the build has no x86 vector code.
 DotKernel k_vnni_kernel(QuantType type);
+// Their batch kernels (8 inputs a pass over each row; k_vnni_kernel's results bit for bit).
+BatchKernel k_vnni_batch_kernel(QuantType type);
 
 // A row's values as unsigned 8-bit integers with a scale d and an offset m per run of 32
 // values, or of 16 for Q2_K, Q3_K and Q6_K, whose scales cover 16 (value i of run b is

@@ -19,6 +19,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #define KVPIPE_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -135,7 +136,7 @@ ATTR void NAME(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_s
   for (int64_t r = row_begin; r < row_end; ++r) {                                                                     \
     const uint8_t* row = w + r * w_stride;                                                                            \
     __m256 acc[N];                                                                                                    \
-    _Pragma("GCC unroll 4")                                                                                           \
+    _Pragma("GCC unroll 8")                                                                                           \
     for (int n = 0; n < N; ++n) acc[n] = _mm256_setzero_ps();                                                         \
     for (int64_t b = 0; b < blocks; ++b) {                                                                            \
       const uint8_t* wb = row + b * kBlockBytes;                                                                      \
@@ -156,11 +157,11 @@ ATTR void NAME(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_s
       const __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(packed, mins_pairs));                                \
                                                                                                                       \
       __m256i sumi[N];                                                                                                \
-      _Pragma("GCC unroll 4")                                                                                         \
+      _Pragma("GCC unroll 8")                                                                                         \
       for (int n = 0; n < N; ++n) sumi[n] = _mm256_setzero_si256();                                                   \
       /* Q5_K's fifth bits: bit s of qh[l] for sub-block s, walked down two sub-blocks a chunk. */                    \
       __m256i high = kFive ? load256(wb + 16) : _mm256_setzero_si256();                                               \
-      _Pragma("GCC unroll 4")                                                                                         \
+      _Pragma("GCC unroll 8")                                                                                         \
       for (int j = 0; j < 4; ++j) {                                                                                   \
         const __m256i bits = load256(wb + kQs + 32 * j);                                                              \
         __m256i q_lo = _mm256_and_si256(bits, low4);                                                                  \
@@ -172,7 +173,7 @@ ATTR void NAME(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_s
         }                                                                                                             \
         const __m256i s_lo = _mm256_shuffle_epi8(scales, repeat_word(2 * j));                                         \
         const __m256i s_hi = _mm256_shuffle_epi8(scales, repeat_word(2 * j + 1));                                     \
-        _Pragma("GCC unroll 4")                                                                                       \
+        _Pragma("GCC unroll 8")                                                                                       \
         for (int n = 0; n < N; ++n) {                                                                                 \
           const uint8_t* a = xb + n * x_stride + kQ8KQs + 64 * j;                                                     \
           sumi[n] = ADD_SCALED(sumi[n], s_lo, q_lo, s_hi, q_hi, a);                                                   \
@@ -184,7 +185,7 @@ ATTR void NAME(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_s
       const __m128 d_dmin = _mm_cvtph_ps(_mm_cvtsi32_si128(load_i32(wb)));                                            \
       const __m256 vd = _mm256_broadcastss_ps(d_dmin);                                                                \
       const __m256 vdmin = _mm256_broadcastss_ps(_mm_movehdup_ps(d_dmin));                                            \
-      _Pragma("GCC unroll 4")                                                                                         \
+      _Pragma("GCC unroll 8")                                                                                         \
       for (int n = 0; n < N; ++n) {                                                                                   \
         const uint8_t* xn = xb + n * x_stride;                                                                        \
         const __m256i m = _mm256_madd_epi16(mins, load256(xn + kQ8KBsums));                                           \
@@ -193,7 +194,7 @@ ATTR void NAME(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_s
         acc[n] = _mm256_fmadd_ps(_mm256_broadcast_ss(reinterpret_cast<const float*>(xn)), block, acc[n]);             \
       }                                                                                                               \
     }                                                                                                                 \
-    _Pragma("GCC unroll 4")                                                                                           \
+    _Pragma("GCC unroll 8")                                                                                           \
     for (int n = 0; n < N; ++n) y[n * ldy + r] = hsum(acc[n]);                                                        \
   }                                                                                                                   \
 }
@@ -443,6 +444,37 @@ KVPIPE_K_VNNI void dot_q5k_vnni(const uint8_t* w, int64_t w_stride, const uint8_
   dot_q45k_vnni<N, true>(w, w_stride, x, x_stride, y, ldy, row_begin, row_end, cols);
 }
 
+// Batches past kMaxKernelInputs with VNNI: 8 inputs a pass over each row's blocks, so that each
+// block's unpacking (nibbles, fifth bits, scales and mins) serves 8 inputs rather than 4;
+// AVX-512's 32 registers hold the 8 inputs' sums and accumulators beside the unpacked values.
+// Every input's operations are dot_q45k_vnni's for any input count, so the results are the dot
+// kernel's bit for bit (a sequence gets the same numbers alone and in a batch).
+template <bool kFive>
+KVPIPE_K_VNNI void batch_q45k_vnni(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride,
+                                   int64_t inputs, float* y, int64_t ldy, int64_t row_begin, int64_t row_end,
+                                   int64_t cols) {
+  // Rows a pass covers before the next 8 inputs take them: about 128 KiB, still in L2.
+  const int64_t slice = std::clamp<int64_t>((128 << 10) / std::max<int64_t>(w_stride, 1), 4, 64);
+  for (int64_t r = row_begin; r < row_end; r += slice) {
+    const int64_t r_end = std::min(row_end, r + slice);
+    int64_t j = 0;
+    for (; j + 8 <= inputs; j += 8)
+      dot_q45k_vnni<8, kFive>(w, w_stride, x + j * x_stride, x_stride, y + j * ldy, ldy, r, r_end, cols);
+    if (inputs - j >= 4) {
+      dot_q45k_vnni<4, kFive>(w, w_stride, x + j * x_stride, x_stride, y + j * ldy, ldy, r, r_end, cols);
+      j += 4;
+    }
+    const uint8_t* xj = x + j * x_stride;
+    float* yj = y + j * ldy;
+    switch (inputs - j) {
+      case 3: dot_q45k_vnni<3, kFive>(w, w_stride, xj, x_stride, yj, ldy, r, r_end, cols); break;
+      case 2: dot_q45k_vnni<2, kFive>(w, w_stride, xj, x_stride, yj, ldy, r, r_end, cols); break;
+      case 1: dot_q45k_vnni<1, kFive>(w, w_stride, xj, x_stride, yj, ldy, r, r_end, cols); break;
+      default: break;
+    }
+  }
+}
+
 using FixedKernel = void (*)(const uint8_t*, int64_t, const uint8_t*, int64_t, float*, int64_t, int64_t, int64_t,
                              int64_t);
 
@@ -478,6 +510,14 @@ DotKernel k_vnni_kernel(QuantType type) {
   switch (type) {
     case QuantType::Q4_K: return dispatch_inputs<dot_q4k_vnni<1>, dot_q4k_vnni<2>, dot_q4k_vnni<3>, dot_q4k_vnni<4>>;
     case QuantType::Q5_K: return dispatch_inputs<dot_q5k_vnni<1>, dot_q5k_vnni<2>, dot_q5k_vnni<3>, dot_q5k_vnni<4>>;
+    default: return nullptr;
+  }
+}
+
+BatchKernel k_vnni_batch_kernel(QuantType type) {
+  switch (type) {
+    case QuantType::Q4_K: return batch_q45k_vnni<false>;
+    case QuantType::Q5_K: return batch_q45k_vnni<true>;
     default: return nullptr;
   }
 }
@@ -556,6 +596,7 @@ KVPIPE_AVX2 void k_quantize_activation_row_avx2(const float* x, void* dst, int64
 namespace kvpipe::quant_impl {
 DotKernel k_avx2_kernel(QuantType) { return nullptr; }
 DotKernel k_vnni_kernel(QuantType) { return nullptr; }
+BatchKernel k_vnni_batch_kernel(QuantType) { return nullptr; }
 }  // namespace kvpipe::quant_impl
 
 #endif

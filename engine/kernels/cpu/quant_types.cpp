@@ -119,6 +119,8 @@ DotKernel dot_kernel(QuantType type) {
 }
 
 BatchKernel batch_kernel(QuantType type) {
+  if (quant_impl::use_avx512_vnni())
+    if (const BatchKernel k = quant_impl::k_vnni_batch_kernel(type)) return k;
   return quant_impl::use_avx512() ? quant_impl::float_avx512_batch_kernel(type) : nullptr;
 }
 

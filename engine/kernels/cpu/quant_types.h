@@ -74,9 +74,10 @@ using DotKernel = void (*)(const uint8_t* w, int64_t w_stride, const uint8_t* x,
 // The fastest kernel for `type` on this processor.
 DotKernel dot_kernel(QuantType type);
 
-// The same product over any number of inputs, for batches past kMaxKernelInputs: a block of
-// rows held in registers across the inputs, where the multiplies rather than the weights'
-// stream bound the time. Each result is dot_kernel(type)'s, bit for bit. nullptr where this
+// The same product over any number of inputs, for batches past kMaxKernelInputs, where the
+// multiplies rather than the weights' stream bound the time: for the float types a block of rows
+// held in registers across the inputs, for Q4_K and Q5_K (VNNI) each row's unpacked blocks
+// shared by 8 inputs. Each result is dot_kernel(type)'s, bit for bit. nullptr where this
 // processor's kernel set has none for `type` (callers then run dot_kernel over groups of
 // kMaxKernelInputs).
 using BatchKernel = void (*)(const uint8_t* w, int64_t w_stride, const uint8_t* x, int64_t x_stride,
