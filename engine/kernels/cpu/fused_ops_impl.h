@@ -6,8 +6,8 @@
 
 namespace kvpipe::fused_impl {
 
-// o[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < n, exp from one polynomial (within 2 ulp of
-// expf) that both ISAs evaluate with the same operations: their results agree bit for bit.
+// o[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < n, exp from vector_exp.h (about 1 ulp), whose
+// AVX2 and AVX-512 versions do the same operations: the two agree bit for bit.
 void silu_mul_avx2(const float* g, const float* u, float* o, int64_t n);
 void silu_mul_avx512(const float* g, const float* u, float* o, int64_t n);
 

@@ -3,6 +3,7 @@
 #include "engine/kernels/cpu/paged_attention_impl.h"
 #include "engine/kernels/cpu/quant_impl.h"
 #include "engine/kernels/cpu/thread_pool.h"
+#include "engine/kernels/cpu/vector_exp.h"
 
 #include <algorithm>
 #include <cmath>
@@ -93,24 +94,6 @@ KVPIPE_PAGED_AVX2 void accumulate_rows(const float* p, int64_t hd, const float* 
     for (int t = 0; t < NV; ++t) _mm256_storeu_ps(acc + r * hd + d0 + 8 * t, c[r][t]);
 }
 
-// exp(x) for x <= 0 (Cephes' expf: x = n ln 2 + f, a degree-6 polynomial in f, times 2^n;
-// about 1 ulp), and exactly 0 below -87 (masked scores are -inf).
-KVPIPE_PAGED_AVX2 inline __m256 exp_nonpositive(__m256 x) {
-  const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  __m256 f = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  f = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), f);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(f, f), _mm256_add_ps(f, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep);
-}
 
 struct Avx2Tile {
   KVPIPE_PAGED_AVX2 static void scores(const float* q, int64_t rows, int64_t hd, const float* kt, float scale,
@@ -137,7 +120,7 @@ struct Avx2Tile {
     const __m256 vm = _mm256_set1_ps(m);
     __m256 sum = _mm256_setzero_ps();
     for (int64_t j = 0; j < kKeys; j += 8) {
-      const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+      const __m256 e = vector_exp::exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
       _mm256_storeu_ps(s + j, e);
       sum = _mm256_add_ps(sum, e);
     }
