@@ -180,6 +180,16 @@ KVPIPE_INTERLEAVED_VNNI inline __m512i load_pair(const uint8_t* p0, const uint8_
                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p1)), 1);
 }
 
+// The lines kPrefetchBytes past the current block of each group of a pair (the first tile of
+// inputs streams the weights; later tiles find them in cache).
+template <int64_t kBlockBytes>
+inline void prefetch_pair(const uint8_t* wb0, const uint8_t* wb1) {
+  for (int64_t line = 0; line < kBlockBytes; line += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(wb0 + kPrefetchBytes + line), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wb1 + kPrefetchBytes + line), _MM_HINT_T0);
+  }
+}
+
 // The 16 rows' fp16 scales at the start of each group's block, widened.
 KVPIPE_INTERLEAVED_VNNI inline __m512 scales_pair(const uint8_t* p0, const uint8_t* p1) {
   const __m128i s0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p0));
@@ -251,11 +261,7 @@ KVPIPE_INTERLEAVED_VNNI void pair_inputs(const uint8_t* w0, int64_t group_bytes,
   for (int64_t b = 0; b < a.blocks; ++b) {
     const uint8_t* wb0 = w0 + b * Pair::kBlockBytes;
     const uint8_t* wb1 = wb0 + group_bytes;
-    if (j0 == 0)
-      for (int64_t line = 0; line < Pair::kBlockBytes; line += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(wb0 + kPrefetchBytes + line), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(wb1 + kPrefetchBytes + line), _MM_HINT_T0);
-      }
+    if (j0 == 0) prefetch_pair<Pair::kBlockBytes>(wb0, wb1);
     const __m512 dw = scales_pair(wb0, wb1);
     const typename Pair::Weights v = Pair::load(wb0 + 2 * kGroupRows, wb1 + 2 * kGroupRows);
     _Pragma("GCC unroll 8") for (int j = 0; j < kInputs; ++j) {
@@ -534,11 +540,7 @@ struct q4k_pairs_vnni {
     for (int64_t b = 0; b < a.blocks; ++b) {
       const uint8_t* wb0 = w0 + b * kQ4KGroupBlockBytes;
       const uint8_t* wb1 = wb0 + group_bytes;
-      if (j0 == 0)
-        for (int64_t off = 0; off < kQ4KGroupBlockBytes; off += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(wb0 + kPrefetchBytes + off), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(wb1 + kPrefetchBytes + off), _MM_HINT_T0);
-        }
+      if (j0 == 0) prefetch_pair<kQ4KGroupBlockBytes>(wb0, wb1);
       __m512i sumi[kInputs];
       for (int j = 0; j < kInputs; ++j) sumi[j] = _mm512_setzero_si512();
       for (int p = 0; p < 4; ++p) {
@@ -594,11 +596,7 @@ struct q6k_pairs_vnni {
     for (int64_t b = 0; b < a.blocks; ++b) {
       const uint8_t* wb0 = w0 + b * kQ6KGroupBlockBytes;
       const uint8_t* wb1 = wb0 + group_bytes;
-      if (j0 == 0)
-        for (int64_t off = 0; off < kQ6KGroupBlockBytes; off += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(wb0 + kPrefetchBytes + off), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(wb1 + kPrefetchBytes + off), _MM_HINT_T0);
-        }
+      if (j0 == 0) prefetch_pair<kQ6KGroupBlockBytes>(wb0, wb1);
       __m512i sumi[kInputs];
       for (int j = 0; j < kInputs; ++j) sumi[j] = _mm512_setzero_si512();
       for (int p = 0; p < 8; ++p) {
