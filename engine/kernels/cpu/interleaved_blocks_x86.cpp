@@ -197,49 +197,46 @@ KVPIPE_INTERLEAVED_VNNI inline __m512 scales_pair(const uint8_t* p0, const uint8
   return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(s0), s1, 1));
 }
 
+// A block of 16 rows as vpdpbusd reads it: q[k] holds values 4k .. 4k + 3 of every row for k < 4,
+// q[4 + k] values 16 + 4k .. 16 + 4k + 3.
+struct PairBytes {
+  __m512i q[8];
+};
+
+// The 16 rows' integer sums against one input's block, less its offset term: two chains of four,
+// as SumsVnni and Q8SumsVnni form them.
+KVPIPE_INTERLEAVED_VNNI inline __m512i pair_block_sums(const PairBytes& v, const uint8_t* xq, int32_t offset) {
+  __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+  for (int k = 0; k < 4; ++k) {
+    lo = _mm512_dpbusd_epi32(lo, v.q[k], _mm512_set1_epi32(load_i32(xq + 4 * k)));
+    hi = _mm512_dpbusd_epi32(hi, v.q[4 + k], _mm512_set1_epi32(load_i32(xq + 16 + 4 * k)));
+  }
+  return _mm512_sub_epi32(_mm512_add_epi32(lo, hi), _mm512_set1_epi32(offset));
+}
+
 struct Q4_0Pair {
   static constexpr int64_t kBlockBytes = kQ4_0GroupBlockBytes;
-  struct Weights {
-    __m512i lo[4], hi[4];
-  };
-  KVPIPE_INTERLEAVED_VNNI static Weights load(const uint8_t* q0, const uint8_t* q1) {
+  // The low nibbles are values 0 .. 15, the high ones 16 .. 31.
+  KVPIPE_INTERLEAVED_VNNI static PairBytes load(const uint8_t* q0, const uint8_t* q1) {
     const __m512i mask = _mm512_set1_epi8(0x0f);
-    Weights v;
+    PairBytes v;
     for (int k = 0; k < 4; ++k) {
       const __m512i bytes = load_pair(q0 + 32 * k, q1 + 32 * k);
-      v.lo[k] = _mm512_and_si512(bytes, mask);
-      v.hi[k] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), mask);
+      v.q[k] = _mm512_and_si512(bytes, mask);
+      v.q[4 + k] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), mask);
     }
     return v;
-  }
-  KVPIPE_INTERLEAVED_VNNI static __m512i block(const Weights& v, const uint8_t* xq, int32_t offset) {
-    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
-    for (int k = 0; k < 4; ++k) {
-      lo = _mm512_dpbusd_epi32(lo, v.lo[k], _mm512_set1_epi32(load_i32(xq + 4 * k)));
-      hi = _mm512_dpbusd_epi32(hi, v.hi[k], _mm512_set1_epi32(load_i32(xq + 16 + 4 * k)));
-    }
-    return _mm512_sub_epi32(_mm512_add_epi32(lo, hi), _mm512_set1_epi32(offset));
   }
 };
 
 struct Q8_0Pair {
   static constexpr int64_t kBlockBytes = kQ8_0GroupBlockBytes;
-  struct Weights {
-    __m512i q[8];  // each byte plus 128, as in Q8SumsVnni
-  };
-  KVPIPE_INTERLEAVED_VNNI static Weights load(const uint8_t* q0, const uint8_t* q1) {
+  // Each byte plus 128, as in Q8SumsVnni.
+  KVPIPE_INTERLEAVED_VNNI static PairBytes load(const uint8_t* q0, const uint8_t* q1) {
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-    Weights v;
+    PairBytes v;
     for (int k = 0; k < 8; ++k) v.q[k] = _mm512_xor_si512(load_pair(q0 + 32 * k, q1 + 32 * k), flip);
     return v;
-  }
-  KVPIPE_INTERLEAVED_VNNI static __m512i block(const Weights& v, const uint8_t* xq, int32_t offset) {
-    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
-    for (int k = 0; k < 4; ++k) {
-      lo = _mm512_dpbusd_epi32(lo, v.q[k], _mm512_set1_epi32(load_i32(xq + 4 * k)));
-      hi = _mm512_dpbusd_epi32(hi, v.q[4 + k], _mm512_set1_epi32(load_i32(xq + 16 + 4 * k)));
-    }
-    return _mm512_sub_epi32(_mm512_add_epi32(lo, hi), _mm512_set1_epi32(offset));
   }
 };
 
@@ -263,9 +260,9 @@ KVPIPE_INTERLEAVED_VNNI void pair_inputs(const uint8_t* w0, int64_t group_bytes,
     const uint8_t* wb1 = wb0 + group_bytes;
     if (j0 == 0) prefetch_pair<Pair::kBlockBytes>(wb0, wb1);
     const __m512 dw = scales_pair(wb0, wb1);
-    const typename Pair::Weights v = Pair::load(wb0 + 2 * kGroupRows, wb1 + 2 * kGroupRows);
+    const PairBytes v = Pair::load(wb0 + 2 * kGroupRows, wb1 + 2 * kGroupRows);
     _Pragma("GCC unroll 8") for (int j = 0; j < kInputs; ++j) {
-      const __m512i sum = Pair::block(v, xr[j] + b * kQ8_0ActivationBytes, off[j][b]);
+      const __m512i sum = pair_block_sums(v, xr[j] + b * kQ8_0ActivationBytes, off[j][b]);
       const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(da[j][b]));
       acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc[j]);
     }

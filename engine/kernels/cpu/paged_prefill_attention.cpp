@@ -94,7 +94,6 @@ KVPIPE_PAGED_AVX2 void accumulate_rows(const float* p, int64_t hd, const float* 
     for (int t = 0; t < NV; ++t) _mm256_storeu_ps(acc + r * hd + d0 + 8 * t, c[r][t]);
 }
 
-
 struct Avx2Tile {
   KVPIPE_PAGED_AVX2 static void scores(const float* q, int64_t rows, int64_t hd, const float* kt, float scale,
                                        float* s) {
