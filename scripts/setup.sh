@@ -92,8 +92,14 @@ else
   fi
   echo "setup: installing scripts/requirements.txt into .venv (torch with its CUDA libraries is" \
        "several GB on a fresh machine, see $log)"
-  if ! "${pip[@]}" install -r "$root/scripts/requirements.txt" >"$log" 2>&1; then
+  # No wheel cache: on a machine that downloads torch, the cache would hold a second copy of
+  # its wheels (several GB) while they install, and that peak is what fills a small disk.
+  if ! "${pip[@]}" install --no-cache-dir -r "$root/scripts/requirements.txt" >"$log" 2>&1; then
     echo "setup: pip could not install scripts/requirements.txt (see $log)" >&2
+    if grep -q "No space left on device" "$log"; then
+      echo "setup: the disk ran out: torch and its CUDA libraries take about 5 GB in .venv, plus" \
+           "their downloaded wheels while they install; free on $root: $(df -Ph "$root" | awk 'NR == 2 {print $4}')" >&2
+    fi
     tail -n 5 "$log" >&2
     exit 1
   fi
