@@ -5,10 +5,12 @@
 #include "engine/sampler.h"
 #include "engine/speculative/ngram_proposer.h"
 #include "engine/speculative/rejection_sampler.h"
+#include "engine/step_arena.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -148,6 +150,9 @@ StepOutput sample_batch(const StepBatch& batch, const at::Tensor& logits) {
 
 StageResult run_stage(const ModelShard& shard, BlockPool& pool, const StepBatch& batch,
                       const at::Tensor& hidden, DecodeGraphs* graphs) {
+  // The step's tensors reuse the blocks of the step before (engine/step_arena.h).
+  std::optional<StepArena::Scope> arena;
+  if (shard.device().is_cpu()) arena.emplace();
   // Per-key indices grow with every sequence's context: built only for a path that reads them.
   const StepContext ctx =
       make_step_context(batch, pool.block_size(), shard.device(), shard.step_reads_keys(pool, batch));
