@@ -75,21 +75,35 @@ RopeTables make_rope_tables(int64_t max_position, const std::vector<double>& inv
           emb.sin().mul_(attention_factor).to(dtype).contiguous()};
 }
 
+namespace {
+
+// Whether x [T, heads, head_dim] takes the fused RoPE kernels: then `pos` holds the positions,
+// contiguous, each checked against the tables.
+bool fused_rope(const at::Tensor& x, const at::Tensor& positions, const RopeTables& rope, at::Tensor& pos) {
+  const int64_t rotated = rope.cos.size(-1);
+  if (!(cpu_float_rows(x) && x.dim() == 3 && rope.cos.is_contiguous() && rope.sin.is_contiguous() &&
+        cpu_float_rows(rope.cos) && cpu_float_rows(rope.sin) && positions.is_cpu() &&
+        positions.scalar_type() == at::kLong && positions.numel() == x.size(0) && rotated % 2 == 0 &&
+        rotated <= x.size(-1)))
+    return false;
+  pos = positions.contiguous();
+  const int64_t* p = pos.data_ptr<int64_t>();
+  const int64_t max_position = rope.cos.size(0);
+  for (int64_t i = 0; i < pos.numel(); ++i)
+    if (p[i] < 0 || p[i] >= max_position)
+      throw std::out_of_range("apply_rope: position " + std::to_string(p[i]) + " is outside the RoPE table of " +
+                              std::to_string(max_position));
+  return true;
+}
+
+}  // namespace
+
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& positions, const RopeTables& rope) {
   const int64_t rotated = rope.cos.size(-1), dim = x.size(-1);
-  if (cpu_float_rows(x) && x.dim() == 3 && rope.cos.is_contiguous() && rope.sin.is_contiguous() &&
-      cpu_float_rows(rope.cos) && cpu_float_rows(rope.sin) && positions.is_cpu() &&
-      positions.scalar_type() == at::kLong && positions.numel() == x.size(0) && rotated % 2 == 0 && rotated <= dim) {
-    const at::Tensor pos = positions.contiguous();
-    const int64_t* p = pos.data_ptr<int64_t>();
-    const int64_t max_position = rope.cos.size(0);
-    for (int64_t i = 0; i < pos.numel(); ++i)
-      if (p[i] < 0 || p[i] >= max_position)
-        throw std::out_of_range("apply_rope: position " + std::to_string(p[i]) + " is outside the RoPE table of " +
-                                std::to_string(max_position));
+  if (at::Tensor pos; fused_rope(x, positions, rope, pos)) {
     at::Tensor out = at::empty({x.size(0), x.size(1), dim}, x.options());
-    rope_rows(x.data_ptr<float>(), x.size(0), x.size(1), dim, x.stride(0), x.stride(1), p, rope.cos.data_ptr<float>(),
-              rope.sin.data_ptr<float>(), rotated, out.data_ptr<float>());
+    rope_rows(x.data_ptr<float>(), x.size(0), x.size(1), dim, x.stride(0), x.stride(1), pos.data_ptr<int64_t>(),
+              rope.cos.data_ptr<float>(), rope.sin.data_ptr<float>(), rotated, out.data_ptr<float>());
     return out;
   }
   const at::Tensor xr = rotated == dim ? x : x.narrow(-1, 0, rotated);
@@ -100,6 +114,15 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& positions, const Ro
   const at::Tensor x2 = xr.narrow(-1, half, half);
   const at::Tensor out = xr * cos + at::cat({x2.neg(), x1}, -1) * sin;
   return rotated == dim ? out : at::cat({out, x.narrow(-1, rotated, dim - rotated)}, -1);
+}
+
+at::Tensor apply_rope_(const at::Tensor& x, const at::Tensor& positions, const RopeTables& rope) {
+  if (at::Tensor pos; fused_rope(x, positions, rope, pos)) {
+    rope_rows_in_place(x.data_ptr<float>(), x.size(0), x.size(1), x.stride(0), x.stride(1), pos.data_ptr<int64_t>(),
+                       rope.cos.data_ptr<float>(), rope.sin.data_ptr<float>(), rope.cos.size(-1));
+    return x;
+  }
+  return apply_rope(x, positions, rope);
 }
 
 at::Tensor dense(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {

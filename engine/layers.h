@@ -42,6 +42,10 @@ RopeTables make_rope_tables(int64_t max_position, const std::vector<double>& inv
 // x [T, heads, head_dim] rotated at `positions` (int64 [T]). Tables narrower than head_dim
 // rotate its first dimensions and pass the others through (partial rotary embedding).
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& positions, const RopeTables& rope);
+// The same rotation written into x where the fused kernels take it (float32 on the CPU, last
+// dimension contiguous: a view of the fused q/k/v projection's output), returning x; a rotated
+// copy otherwise. Bit for bit apply_rope's values.
+at::Tensor apply_rope_(const at::Tensor& x, const at::Tensor& positions, const RopeTables& rope);
 
 // x [T, in] @ weight[out, in]^T (+ bias).
 at::Tensor dense(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});

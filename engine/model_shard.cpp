@@ -100,7 +100,7 @@ std::array<at::Tensor, 3> ModelShard::project_qkv(const at::Tensor& x, int64_t l
   const int64_t qk_heads = heads + kv_heads;
   at::Tensor qk = qkv.narrow(1, 0, q_dim + kv_dim).view({T, qk_heads, c.head_dim});
   if (w.qk_norm.defined()) qk = rms_norm(qk, w.qk_norm, c.rms_eps);
-  qk = apply_rope(qk, positions, rope);
+  qk = apply_rope_(qk, positions, rope);  // the projection's output is this step's own
   return {qk.narrow(1, 0, heads), qk.narrow(1, heads, kv_heads),
           qkv.narrow(1, q_dim + kv_dim, kv_dim).reshape({T, kv_heads, c.head_dim})};
 }

@@ -1,8 +1,8 @@
 // The fused row kernels behind engine/layers.h on the CPU (engine/kernels/cpu/fused_ops.h)
 // against LibTorch's unfused composition of the same formulas and a float64 recompute: RMSNorm,
 // the residual add fused with it, RoPE (whole and partial rotary, on strided views as the fused
-// q/k projection hands it), SwiGLU and GeGLU, at decode's one row and prefill's many (split
-// over two threads).
+// q/k projection hands it, and in place in its rows), SwiGLU and GeGLU, at decode's one row and
+// prefill's many (split over two threads).
 #include "engine/kernels/cpu/fused_ops_impl.h"
 #include "engine/kernels/cpu/quant_impl.h"
 #include "engine/kernels/cpu/thread_pool.h"
@@ -106,8 +106,16 @@ TEST_P(FusedOps, RopeMatchesTheUnfusedCompositionOnStridedViews) {
       EXPECT_LT(max_error(got.narrow(-1, 0, half), x1 * c - x2 * s), 1e-4);
       EXPECT_LT(max_error(got.narrow(-1, half, half), x2 * c + x1 * s), 1e-4);
       if (rotated < 64) EXPECT_TRUE(at::equal(got.narrow(-1, rotated, 64 - rotated), qk.narrow(-1, rotated, 64 - rotated)));
+      // In place, in the projection's own rows: the same bits, and the v columns untouched.
+      const at::Tensor own = qkv.clone();
+      const at::Tensor own_qk = own.narrow(1, 0, 8 * 64).view({rows, 8, 64});
+      const at::Tensor rotated_in_place = apply_rope_(own_qk, positions, tables);
+      EXPECT_EQ(rotated_in_place.data_ptr(), own.data_ptr());
+      EXPECT_TRUE(at::equal(rotated_in_place, got)) << rotated << " " << rows;
+      EXPECT_TRUE(at::equal(own.narrow(1, 8 * 64, 2 * 64), qkv.narrow(1, 8 * 64, 2 * 64)));
     }
     EXPECT_THROW(apply_rope(at::randn({1, 2, 64}), at::tensor({512}, at::kLong), tables), std::out_of_range);
+    EXPECT_THROW(apply_rope_(at::randn({1, 2, 64}), at::tensor({-1}, at::kLong), tables), std::out_of_range);
   }
 }
 

@@ -32,6 +32,10 @@ void add_rms_norm_rows(const float* x, int64_t ldx, const float* delta, int64_t 
 // rotated) and passes the rest through. out is contiguous [rows, heads, head_dim].
 void rope_rows(const float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t row_stride, int64_t head_stride,
                const int64_t* positions, const float* cos, const float* sin, int64_t rotated, float* out);
+// The same rotation written back into x (its dimensions past `rotated` untouched), bit for bit
+// rope_rows' values.
+void rope_rows_in_place(float* x, int64_t rows, int64_t heads, int64_t row_stride, int64_t head_stride,
+                        const int64_t* positions, const float* cos, const float* sin, int64_t rotated);
 
 // out[r, i] = act(gate_up[r, i]) * gate_up[r, ff + i] for rows r < rows (gate_up rows ld floats
 // apart, out contiguous [rows, ff]); act is SiLU, or with `gelu_tanh` GELU's tanh approximation.
