@@ -6,7 +6,6 @@
 
 #include <cstdlib>
 #include <mutex>
-#include <new>
 #include <unordered_map>
 #include <vector>
 

@@ -18,6 +18,9 @@
 //   allocator does (64-byte aligned, one system allocation each).
 // - The allocator is installed as LibTorch's CPU allocator when the first scope opens, and
 //   stays installed for the life of the process.
+//
+// kvpipe's own: LibTorch's CPUCachingAllocator serves only its mobile builds' default
+// allocator, and keeps every size it has seen, without a bound.
 #pragma once
 
 #include <cstddef>

@@ -134,7 +134,10 @@ TEST(EngineBatching, SampledBatchMatchesEachRequestAlone) {
   expect_batch_matches_alone(SamplingParams{0.8, 20, 0.9, 1234});
 }
 
-TEST(EngineCache, NoCacheTensorIsAllocatedInTheStepLoop) {
+// The step loop allocates no cache tensor, and after the first steps every decode step's
+// tensors come from the blocks of the step before (engine/step_arena.h): the system is asked
+// for no tensor memory.
+TEST(EngineCache, NoCacheTensorIsAllocatedInTheStepLoopNorDecodeTensorMemory) {
   const ModelConfig cfg = small_config(4, 2);
   const ModelShard shard(random_weights(cfg, whole(cfg), 1, 0.1, at::kFloat));
   BlockPool pool(shard.kv_shape(16), 32, at::kFloat, at::kCPU);
@@ -145,29 +148,15 @@ TEST(EngineCache, NoCacheTensorIsAllocatedInTheStepLoop) {
   o.scheduler.max_context = cfg.max_position;
   Engine engine(executor, cfg, 32, o);
   for (int64_t i = 0; i < 4; ++i) engine.add(make_request(i, prompt_of(10 + 7 * i, i, cfg.vocab_size), 40));
-  engine.run();
-  EXPECT_EQ(BlockPool::tensors_allocated(), before);
-  EXPECT_EQ(pool.keys(0).data_ptr(), storage);
-  EXPECT_GE(engine.stats().steps(), 40);  // one prefill step, then 39 decode steps
-}
-
-// After the first steps, every decode step's tensors come from the blocks of the step before
-// (engine/step_arena.h): the system is asked for no tensor memory.
-TEST(EngineMemory, DecodeStepsAskTheSystemForNoTensorMemory) {
-  const ModelConfig cfg = small_config(4, 2);
-  const ModelShard shard(random_weights(cfg, whole(cfg), 1, 0.1, at::kFloat));
-  BlockPool pool(shard.kv_shape(16), 32, at::kFloat, at::kCPU);
-  LocalExecutor executor(shard, pool);
-  EngineOptions o;
-  o.scheduler.max_context = cfg.max_position;
-  Engine engine(executor, cfg, 32, o);
-  for (int64_t i = 0; i < 4; ++i) engine.add(make_request(i, prompt_of(10 + 7 * i, i, cfg.vocab_size), 40));
   // Every step gives request 0 its next token (all four prompts fill the first step).
   std::vector<StepArena::Stats> after_step;
   engine.run([&](const TokenEvent& ev) {
     if (ev.request_id == 0) after_step.push_back(StepArena::stats());
   });
-  ASSERT_EQ(after_step.size(), 40u);  // one prefill step, then 39 decode steps
+  EXPECT_EQ(BlockPool::tensors_allocated(), before);
+  EXPECT_EQ(pool.keys(0).data_ptr(), storage);
+  EXPECT_GE(engine.stats().steps(), 40);  // one prefill step, then 39 decode steps
+  ASSERT_EQ(after_step.size(), 40u);
   // Steps 0-3 (the prefill and the first decode steps) may meet new sizes; none after.
   EXPECT_EQ(after_step.back().fresh_blocks, after_step[3].fresh_blocks);
   // Every layer's outputs came from the arena: far more reuses than steps.

@@ -64,19 +64,12 @@ void add_rms_norm_rows(const float* x, int64_t ldx, const float* delta, int64_t 
 
 namespace {
 
-// One head's rotation; o may be xh itself (each pair is read before either half is written).
-inline void rotate_head(const float* xh, float* o, const float* c, const float* s, int64_t half) {
-  for (int64_t i = 0; i < half; ++i) {
-    const float a = xh[i], b = xh[i + half];
-    o[i] = a * c[i] - b * s[i];
-    o[i + half] = b * c[i + half] + a * s[i + half];
-  }
-}
-
-}  // namespace
-
-void rope_rows(const float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t row_stride, int64_t head_stride,
-               const int64_t* positions, const float* cos, const float* sin, int64_t rotated, float* out) {
+// Rotates each head of x's rows into out_of(r, h), which may be the head itself (each pair is
+// read before either half is written); a head written elsewhere gets the dimensions past
+// `rotated` copied.
+template <class Out>
+void rotate_rows(const float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t row_stride, int64_t head_stride,
+                 const int64_t* positions, const float* cos, const float* sin, int64_t rotated, Out out_of) {
   const int64_t half = rotated / 2;
   for_rows(rows, heads * head_dim, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -84,27 +77,30 @@ void rope_rows(const float* x, int64_t rows, int64_t heads, int64_t head_dim, in
       const float* s = sin + positions[r] * rotated;
       for (int64_t h = 0; h < heads; ++h) {
         const float* xh = x + r * row_stride + h * head_stride;
-        float* o = out + (r * heads + h) * head_dim;
-        rotate_head(xh, o, c, s, half);
-        if (rotated < head_dim) std::memcpy(o + rotated, xh + rotated, (head_dim - rotated) * sizeof(float));
+        float* o = out_of(r, h);
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = xh[i], b = xh[i + half];
+          o[i] = a * c[i] - b * s[i];
+          o[i + half] = b * c[i + half] + a * s[i + half];
+        }
+        if (o != xh && rotated < head_dim) std::memcpy(o + rotated, xh + rotated, (head_dim - rotated) * sizeof(float));
       }
     }
   });
 }
 
+}  // namespace
+
+void rope_rows(const float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t row_stride, int64_t head_stride,
+               const int64_t* positions, const float* cos, const float* sin, int64_t rotated, float* out) {
+  rotate_rows(x, rows, heads, head_dim, row_stride, head_stride, positions, cos, sin, rotated,
+              [&](int64_t r, int64_t h) { return out + (r * heads + h) * head_dim; });
+}
+
 void rope_rows_in_place(float* x, int64_t rows, int64_t heads, int64_t row_stride, int64_t head_stride,
                         const int64_t* positions, const float* cos, const float* sin, int64_t rotated) {
-  const int64_t half = rotated / 2;
-  for_rows(rows, heads * rotated, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* c = cos + positions[r] * rotated;
-      const float* s = sin + positions[r] * rotated;
-      for (int64_t h = 0; h < heads; ++h) {
-        float* xh = x + r * row_stride + h * head_stride;
-        rotate_head(xh, xh, c, s, half);
-      }
-    }
-  });
+  rotate_rows(x, rows, heads, rotated, row_stride, head_stride, positions, cos, sin, rotated,
+              [&](int64_t r, int64_t h) { return x + r * row_stride + h * head_stride; });
 }
 
 void gated_activation_rows(const float* gate_up, int64_t rows, int64_t ff, int64_t ld, bool gelu_tanh, float* out) {
