@@ -425,7 +425,9 @@ ordered_json make_report(const ReportInputs& in) {
   report["requests"] = {{"completed", static_cast<int64_t>(m.rows.size())},
                         {"prompt_tokens", prompt_tokens},
                         {"output_tokens", output_tokens}};
-  report["duration_s"] = round3(duration_s);
+  // Microseconds, as the endpoint report: a run of a few tens of milliseconds rounded to whole
+  // ones would give rates that disagree with tokens / duration_s by more than a percent.
+  report["duration_s"] = round6(duration_s);
   const double d = std::max(duration_s, 1e-9);
   report["throughput"] = {{"output_tokens_per_s", round3(output_tokens / d)},
                           {"total_tokens_per_s", round3((prompt_tokens + output_tokens) / d)},
