@@ -35,7 +35,7 @@ struct MemorySpec {
 struct ModelSection {
   std::string path;                 // HF directory, a .gguf file, or `dummy:<preset>`
   std::string dtype = "auto";       // auto (bfloat16 on a GPU, float32 on the CPU) | float32 | float16 | bfloat16
-  bool repack = true;               // CPU: Q4_0/Q8_0/Q4_K/Q5_K/Q6_K projections in groups of 8 rows at load (interleave_weights)
+  bool repack = true;               // CPU: Q4_0/Q8_0/Q4_K/Q6_K projections in groups of 8 rows at load (interleave_weights)
   bool huge_pages = true;           // CPU: the loaded matrices moved onto 2 MiB pages (back_weights_with_huge_pages)
 };
 

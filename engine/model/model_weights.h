@@ -114,10 +114,10 @@ ModelWeights load_weights(const std::string& path, const ModelConfig& cfg,
                           const WeightSelection& selection, at::ScalarType dtype,
                           at::Device device = at::kCPU);
 
-// Repacks, on the CPU, the projections whose type has an interleaved layout (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K:
+// Repacks, on the CPU, the projections whose type has an interleaved layout (Q4_0, Q8_0, Q4_K, Q6_K:
 // every layer's q/k/v, o, gate/up and down, and an LM head that is not the embedding's table)
 // in groups of 8 rows for the kernels that read 8 rows at a time (model.repack). The bytes
-// stay as many (Q4_K's 2.8% more, Q5_K's 2.3%), but live in the process's memory instead of the file's
+// stay as many (Q4_K's 2.8% more), but live in the process's memory instead of the file's
 // mapped pages.
 // Returns the bytes repacked; a no-op (0) for weights on a GPU.
 int64_t interleave_weights(ModelWeights& weights);

@@ -21,8 +21,6 @@ using interleaved_impl::kQ4KGroupBlockBytes;
 using interleaved_impl::kQ4KMins;
 using interleaved_impl::kQ4KQs;
 using interleaved_impl::kQ4KScales;
-using interleaved_impl::kQ5KGroupBlockBytes;
-using interleaved_impl::kQ5KQh;
 using interleaved_impl::kQ6KGroupBlockBytes;
 using interleaved_impl::kQ6KQs;
 using interleaved_impl::kQ6KScales;
@@ -37,7 +35,6 @@ namespace {
 constexpr int64_t kQ4_0Bytes = 18;  // fp16 d, then 16 bytes of nibbles
 constexpr int64_t kQ8_0Bytes = 34;  // fp16 d, then 32 signed bytes
 constexpr int64_t kQ4KBytes = 144;  // fp16 d and dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
-constexpr int64_t kQ5KBytes = 176;  // Q4_K's d, dmin and scales, then qh[32] (fifth bits), then 128 of nibbles
 constexpr int64_t kQ6KBytes = 210;  // ql[128], qh[64], int8 scales[16], fp16 d
 
 int64_t block_values(QuantType type) { return type == QuantType::Q4_0 || type == QuantType::Q8_0 ? 32 : 256; }
@@ -185,13 +182,9 @@ void q8_0_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const Activ
                   });
 }
 
-namespace {
-
-// Q4_K (kFive false) and Q5_K: a Q5_K group super-block is Q4_K's with the fifth bits after it.
-template <bool kFive>
-void q45_k_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
-                    int64_t ldy) {
-  portable_groups(w, g_begin, g_end, kFive ? kQ5KGroupBlockBytes : kQ4KGroupBlockBytes, a.blocks, n, y, ldy,
+void q4_k_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
+                   int64_t ldy) {
+  portable_groups(w, g_begin, g_end, kQ4KGroupBlockBytes, a.blocks, n, y, ldy,
                   [&](const uint8_t* wb, int64_t j, int64_t b, float* acc) {
                     const auto* xq = reinterpret_cast<const int8_t*>(a.x + j * a.x_stride + b * kQ8KActivationBytes + 4);
                     const int32_t* pairs = a.sum_pairs + (j * a.blocks + b) * 4;
@@ -202,11 +195,9 @@ void q45_k_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const Supe
                         int32_t isum = 0;
                         const int jj = s / 2, shift = 4 * (s % 2);
                         for (int k = 0; k < 8; ++k)
-                          for (int t = 0; t < 4; ++t) {
-                            int32_t v = (wb[kQ4KQs + 256 * jj + 32 * k + 4 * i + t] >> shift) & 0x0f;
-                            if (kFive) v |= ((wb[kQ5KQh + 32 * k + 4 * i + t] >> s) & 1) << 4;
-                            isum += v * xq[32 * s + 4 * k + t];
-                          }
+                          for (int t = 0; t < 4; ++t)
+                            isum += static_cast<int32_t>((wb[kQ4KQs + 256 * jj + 32 * k + 4 * i + t] >> shift) & 0x0f) *
+                                    xq[32 * s + 4 * k + t];
                         sumi += static_cast<int32_t>(wb[kQ4KScales + 8 * s + i]) * isum;
                         summ += static_cast<int32_t>(wb[kQ4KMins + 16 * (s / 2) + 2 * i + s % 2]) * pair_half(pairs[s / 2], s);
                       }
@@ -216,18 +207,6 @@ void q45_k_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const Supe
                       acc[i] = std::fma(-static_cast<float>(summ), scale_m, acc[i]);
                     }
                   });
-}
-
-}  // namespace
-
-void q4_k_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
-                   int64_t ldy) {
-  q45_k_portable<false>(w, g_begin, g_end, a, n, y, ldy);
-}
-
-void q5_k_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
-                   int64_t ldy) {
-  q45_k_portable<true>(w, g_begin, g_end, a, n, y, ldy);
 }
 
 // Per row and super-block: the integer sum over the 16 sub-blocks of scale * (u . x), less 32
@@ -270,15 +249,12 @@ const char* interleave_isa_name(InterleaveIsa isa) {
 }
 
 bool interleave_supports(QuantType type) {
-  return type == QuantType::Q4_0 || type == QuantType::Q8_0 || type == QuantType::Q4_K || type == QuantType::Q5_K ||
-         type == QuantType::Q6_K;
+  return type == QuantType::Q4_0 || type == QuantType::Q8_0 || type == QuantType::Q4_K || type == QuantType::Q6_K;
 }
 
 int64_t interleaved_row_bytes(QuantType type, int64_t cols) {
-  // Q4_K's and Q5_K's 12 bytes of packed 6-bit scales and mins become 16, one byte each.
-  if (type == QuantType::Q4_K) return cols / 256 * (kQ4KBytes + 4);
-  if (type == QuantType::Q5_K) return cols / 256 * (kQ5KBytes + 4);
-  return quant_row_bytes(type, cols);
+  // Q4_K's 12 bytes of packed 6-bit scales and mins become 16, one byte each.
+  return type == QuantType::Q4_K ? cols / 256 * (kQ4KBytes + 4) : quant_row_bytes(type, cols);
 }
 
 bool interleave_runs(InterleaveIsa isa) {
@@ -341,13 +317,8 @@ void interleave_rows(QuantType type, const uint8_t* src, int64_t rows, int64_t c
             }
           }
         } else {
-          // Q4_K, and Q5_K's same fields with its fifth bits after them.
-          const bool five = type == QuantType::Q5_K;
-          const uint8_t* block = row + b * (five ? kQ5KBytes : kQ4KBytes);
-          uint8_t* out = group + b * (five ? kQ5KGroupBlockBytes : kQ4KGroupBlockBytes);
-          const uint8_t* qs = block + (five ? 48 : 16);
-          if (five)
-            for (int k = 0; k < 8; ++k) std::memcpy(out + kQ5KQh + 32 * k + 4 * i, block + 16 + 4 * k, 4);
+          const uint8_t* block = row + b * kQ4KBytes;
+          uint8_t* out = group + b * kQ4KGroupBlockBytes;
           std::memcpy(out + 2 * i, block, 2);
           std::memcpy(out + 16 + 2 * i, block + 2, 2);
           uint8_t sc[8], mn[8];
@@ -357,7 +328,8 @@ void interleave_rows(QuantType type, const uint8_t* src, int64_t rows, int64_t c
             out[kQ4KMins + 16 * (s / 2) + 2 * i + s % 2] = mn[s];
           }
           for (int j = 0; j < 4; ++j)
-            for (int k = 0; k < 8; ++k) std::memcpy(out + kQ4KQs + 256 * j + 32 * k + 4 * i, qs + 32 * j + 4 * k, 4);
+            for (int k = 0; k < 8; ++k)
+              std::memcpy(out + kQ4KQs + 256 * j + 32 * k + 4 * i, block + 16 + 32 * j + 4 * k, 4);
         }
       }
     }
@@ -391,12 +363,8 @@ void deinterleave_row(QuantType type, const uint8_t* src, int64_t r, int64_t col
           for (int t = 0; t < 4; ++t) u[16 * s + 4 * m + t] = q6k_group_value(in + kQ6KQs + kQ6KSubBlockBytes * s, i, m, t);
       pack_q6k_values(u, block);
     } else {
-      const bool five = type == QuantType::Q5_K;
-      const uint8_t* in = group + b * (five ? kQ5KGroupBlockBytes : kQ4KGroupBlockBytes);
-      uint8_t* block = row + b * (five ? kQ5KBytes : kQ4KBytes);
-      uint8_t* qs = block + (five ? 48 : 16);
-      if (five)
-        for (int k = 0; k < 8; ++k) std::memcpy(block + 16 + 4 * k, in + kQ5KQh + 32 * k + 4 * i, 4);
+      const uint8_t* in = group + b * kQ4KGroupBlockBytes;
+      uint8_t* block = row + b * kQ4KBytes;
       std::memcpy(block, in + 2 * i, 2);
       std::memcpy(block + 2, in + 16 + 2 * i, 2);
       uint8_t sc[8], mn[8];
@@ -406,7 +374,8 @@ void deinterleave_row(QuantType type, const uint8_t* src, int64_t r, int64_t col
       }
       pack_q4k_scales(sc, mn, block + 4);
       for (int j = 0; j < 4; ++j)
-        for (int k = 0; k < 8; ++k) std::memcpy(qs + 32 * j + 4 * k, in + kQ4KQs + 256 * j + 32 * k + 4 * i, 4);
+        for (int k = 0; k < 8; ++k)
+          std::memcpy(block + 16 + 32 * j + 4 * k, in + kQ4KQs + 256 * j + 32 * k + 4 * i, 4);
     }
   }
 }
@@ -447,15 +416,12 @@ const GroupKernels<Activations> kQ8_0Kernels = {interleaved_impl::q8_0_portable,
                                                 interleaved_impl::q8_0_avx512vnni};
 const GroupKernels<SuperActivations> kQ4KKernels = {interleaved_impl::q4_k_portable, interleaved_impl::q4_k_avx2,
                                                     interleaved_impl::q4_k_avx512vnni};
-const GroupKernels<SuperActivations> kQ5KKernels = {interleaved_impl::q5_k_portable, interleaved_impl::q5_k_avx2,
-                                                    interleaved_impl::q5_k_avx512vnni};
 const GroupKernels<SuperActivations> kQ6KKernels = {interleaved_impl::q6_k_portable, interleaved_impl::q6_k_avx2,
                                                     interleaved_impl::q6_k_avx512vnni};
 #else
 const GroupKernels<Activations> kQ4_0Kernels = {interleaved_impl::q4_0_portable, nullptr, nullptr};
 const GroupKernels<Activations> kQ8_0Kernels = {interleaved_impl::q8_0_portable, nullptr, nullptr};
 const GroupKernels<SuperActivations> kQ4KKernels = {interleaved_impl::q4_k_portable, nullptr, nullptr};
-const GroupKernels<SuperActivations> kQ5KKernels = {interleaved_impl::q5_k_portable, nullptr, nullptr};
 const GroupKernels<SuperActivations> kQ6KKernels = {interleaved_impl::q6_k_portable, nullptr, nullptr};
 #endif
 
@@ -495,7 +461,7 @@ void matmul_blocks(InterleaveIsa isa, const GroupKernels<Activations>& kernels, 
 }
 
 // Q8_K activations for the super-block types: each block's scale, and `pairs` int32 of its
-// sub-blocks' value sums, written by fill_pairs(block, out) (Q4_K, Q5_K: 4 pairs of 32-value sums,
+// sub-blocks' value sums, written by fill_pairs(block, out) (Q4_K: 4 pairs of 32-value sums,
 // Q6_K: 8 pairs of 16-value ones).
 template <typename FillPairs>
 void matmul_super(InterleaveIsa isa, const GroupKernels<SuperActivations>& kernels, int64_t pairs,
@@ -525,9 +491,8 @@ void matmul_super(InterleaveIsa isa, const GroupKernels<SuperActivations>& kerne
   run_groups(isa, kernels, a, prepare, w, rows, n, y, ldy);
 }
 
-// Q4_K's and Q5_K's activation terms: the 32-value sub-blocks' sums.
-void matmul_q45_k(InterleaveIsa isa, const GroupKernels<SuperActivations>& kernels, const uint8_t* x,
-                  int64_t x_stride, int64_t n, const uint8_t* w, int64_t rows, int64_t cols, float* y, int64_t ldy) {
+void matmul_q4_k(InterleaveIsa isa, const uint8_t* x, int64_t x_stride, int64_t n, const uint8_t* w, int64_t rows,
+                 int64_t cols, float* y, int64_t ldy) {
   const auto fill = [](const uint8_t* block, int32_t* out) {
     int16_t bsums[16];
     std::memcpy(bsums, block + 4 + 256, sizeof bsums);
@@ -538,7 +503,7 @@ void matmul_q45_k(InterleaveIsa isa, const GroupKernels<SuperActivations>& kerne
                                     static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16);
     }
   };
-  matmul_super(isa, kernels, 4, fill, x, x_stride, n, w, rows, cols, y, ldy);
+  matmul_super(isa, kQ4KKernels, 4, fill, x, x_stride, n, w, rows, cols, y, ldy);
 }
 
 void matmul_q6_k(InterleaveIsa isa, const uint8_t* x, int64_t x_stride, int64_t n, const uint8_t* w, int64_t rows,
@@ -564,7 +529,7 @@ void interleaved_matmul(InterleaveIsa isa, const uint8_t* x, int64_t x_stride, i
     return matmul_blocks(isa, kQ8_0Kernels, isa == InterleaveIsa::kAvx512Vnni ? 128 : 0, x, x_stride, n, w, rows,
                          cols, y, ldy);
   if (type == QuantType::Q6_K) return matmul_q6_k(isa, x, x_stride, n, w, rows, cols, y, ldy);
-  matmul_q45_k(isa, type == QuantType::Q5_K ? kQ5KKernels : kQ4KKernels, x, x_stride, n, w, rows, cols, y, ldy);
+  matmul_q4_k(isa, x, x_stride, n, w, rows, cols, y, ldy);
 }
 
 }  // namespace kvpipe

@@ -1,15 +1,14 @@
 // interleaved_blocks: weight rows repacked once, at load, into groups of 8 rows whose blocks
 // interleave (ik_llama.cpp's "_R8" idea), and the kernels that multiply them (Q4_0, Q8_0, Q4_K,
-// Q5_K, Q6_K).
+// Q6_K).
 //
 // Owns the layouts and every product over them, for decode and prompts alike. A row-at-a-time
 // kernel converts and scales each row's block sums on its own and sums the row's lanes at the
 // end; over interleaved rows one 32-byte load holds four values of each of 8 rows, one
 // vpdpbusd (or vpmaddubsw) per input forms all 8 rows' partial sums, and every block's scale
 // and accumulation is one vector operation for the 8 rows. Nothing is expanded: Q4_0, Q8_0 and
-// Q6_K groups have exactly the bytes of their 8 stored rows, a Q4_K group 2.8% more and a Q5_K
-// group 2.3% more (their 6-bit scales and mins one byte each), so decode reads about the memory
-// it read before.
+// Q6_K groups have exactly the bytes of their 8 stored rows, a Q4_K group 2.8% more (its 6-bit
+// scales and mins one byte each), so decode reads about the memory it read before.
 //
 // Q4_0, group g of rows 8g .. 8g + 7, block b (values 32b .. 32b + 31) at byte b * 144 of the
 // group: the 8 rows' fp16 scales d[0..7] (16 bytes), then 128 bytes q where
@@ -23,10 +22,6 @@
 // mn[p][i][h] (the min of row i's sub-block 2p + h, 64 bytes), then 1024 bytes q where
 // q[256 j + 32 k + 4 i + t] is byte 32 j + 4 k + t of row i's nibbles (low nibble: value
 // 4 k + t of sub-block 2 j; high nibble: of sub-block 2 j + 1).
-// Q5_K, super-block b at byte b * 1440: Q4_K's 1184 bytes for its d, dmin, scales, mins and low
-// four bits, then 256 bytes qh where qh[32 k + 4 i + t] is byte 4 k + t of row i's fifth bits
-// (bit s: value 4 k + t of sub-block s), so the 32-byte load beside each nibble load holds
-// the fifth bits of the same values.
 // Q6_K, super-block b at byte b * 1680 (exactly the 8 stored blocks' bytes): d[0..7] (fp16),
 // the int8 scales in pairs, byte 16 + 16 p + 2 i + h the scale of row i's sub-block 2 p + h
 // (16 values), then per sub-block s 96 bytes at 144 + 96 s: with u the 6-bit value
@@ -53,7 +48,7 @@ enum class InterleaveIsa { kPortable, kAvx2, kAvx512Vnni };
 
 // "portable", "avx2" or "avx512-vnni".
 const char* interleave_isa_name(InterleaveIsa isa);
-// Whether `type` has an interleaved layout and its kernels (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K).
+// Whether `type` has an interleaved layout and its kernels (Q4_0, Q8_0, Q4_K, Q6_K).
 bool interleave_supports(QuantType type);
 // Bytes an interleaved matrix takes per row of `cols` values (a group is 8 of them).
 int64_t interleaved_row_bytes(QuantType type, int64_t cols);

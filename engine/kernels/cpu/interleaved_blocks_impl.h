@@ -14,8 +14,6 @@ constexpr int64_t kQ8_0GroupBlockBytes = 8 * 34;  // 8 fp16 scales, then 8 rows'
 constexpr int64_t kQ8_0ActivationBytes = 34;      // fp16 d_x, then 32 signed bytes
 constexpr int64_t kQ4KGroupBlockBytes = 8 * 148;  // d, dmin, sc, mn, then 8 rows' 128 nibble bytes
 constexpr int64_t kQ4KScales = 32, kQ4KMins = 96, kQ4KQs = 160;  // offsets in a group super-block
-constexpr int64_t kQ5KGroupBlockBytes = 8 * 180;  // Q4_K's group super-block, then 8 rows' 32 fifth-bit bytes
-constexpr int64_t kQ5KQh = kQ4KGroupBlockBytes;   // offset of the fifth bits in a group super-block
 constexpr int64_t kQ8KActivationBytes = 292;      // float d_x, 256 signed bytes, 16 int16 sums
 constexpr int64_t kQ6KGroupBlockBytes = 8 * 210;  // d, scales, then 16 sub-blocks of 96 bytes
 constexpr int64_t kQ6KScales = 16, kQ6KQs = 144;  // offsets in a group super-block
@@ -36,7 +34,7 @@ struct Activations {
 // n activation rows of Q8_K super-blocks: block b of input j has its 256 values at
 // x + j * x_stride + b * 292 + 4, its scale at da[j * blocks + b], and its sub-blocks' value
 // sums in pairs, sub-blocks 2p and 2p + 1 as the low and high int16 of
-// sum_pairs[(j * blocks + b) * pairs + p]: for Q4_K and Q5_K 4 pairs of 32-value sub-blocks, for Q6_K
+// sum_pairs[(j * blocks + b) * pairs + p]: for Q4_K 4 pairs of 32-value sub-blocks, for Q6_K
 // 8 pairs of 16-value ones.
 struct SuperActivations {
   const uint8_t* x = nullptr;
@@ -69,14 +67,6 @@ void q4_k_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const Super
 void q4_k_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
                int64_t ldy);
 void q4_k_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n,
-                     float* y, int64_t ldy);
-
-// The same for Q5_K.
-void q5_k_portable(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
-                   int64_t ldy);
-void q5_k_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
-               int64_t ldy);
-void q5_k_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n,
                      float* y, int64_t ldy);
 
 // The same for Q6_K.

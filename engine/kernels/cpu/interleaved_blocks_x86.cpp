@@ -328,17 +328,15 @@ void tiled_groups(const uint8_t* w, int64_t g_begin, int64_t g_end, int64_t grou
   }
 }
 
-// ---- Q4_K and Q5_K ---------------------------------------------------------------------------
+// ---- Q4_K ----------------------------------------------------------------------------------
 // Per super-block of a group and input: each sub-block's 8 row sums, times the rows' scales, into
-// one int32 sum per row (at most 8 * 63 * 32 * 31 * 128); the mins through the activation's
-// sub-block sums; then the two float terms, as q4_k_portable. Q5_K's values are Q4_K's nibbles
-// with the fifth bit from the bytes after them, the rest the same.
+// one int32 sum per row (at most 8 * 63 * 32 * 15 * 127); the mins through the activation's
+// sub-block sums; then the two float terms, as q4_k_portable.
 
 struct SuperAvx2 {
-  // Eight vpmaddubsw pair sums of one Q4_K sub-block add up in 16 bits (at most
-  // 8 * 2 * 15 * 128 = 30720), four of Q5_K's (4 * 2 * 31 * 128 = 31744); vpmaddwd with the
-  // row's scale in both halves of its lane then gives scale * (sum) in 32 bits.
-  static constexpr bool kSixteenBit = true;
+  // Eight vpmaddubsw pair sums of one sub-block add up in 16 bits (at most 8 * 2 * 15 * 127 =
+  // 30480); vpmaddwd with the row's scale in both halves of its lane then gives
+  // scale * (sub-block sum) in 32 bits.
   using Sum = __m256i;
   KVPIPE_INTERLEAVED_AVX2 static Sum zero() { return _mm256_setzero_si256(); }
   KVPIPE_INTERLEAVED_AVX2 static Sum add(Sum s, __m256i nibbles, const uint8_t* xq) {
@@ -350,7 +348,6 @@ struct SuperAvx2 {
 };
 
 struct SuperVnni {
-  static constexpr bool kSixteenBit = false;
   using Sum = __m256i;
   KVPIPE_INTERLEAVED_VNNI static Sum zero() { return _mm256_setzero_si256(); }
   KVPIPE_INTERLEAVED_VNNI static Sum add(Sum s, __m256i nibbles, const uint8_t* xq) {
@@ -359,12 +356,10 @@ struct SuperVnni {
   KVPIPE_INTERLEAVED_VNNI static __m256i scaled(Sum s, __m256i scale32) { return _mm256_mullo_epi32(s, scale32); }
 };
 
-#define KVPIPE_INTERLEAVED_SUPER_TILE(NAME, ATTR, OPS, FIVE)                                                      \
+#define KVPIPE_INTERLEAVED_SUPER_TILE(NAME, ATTR, OPS)                                                            \
   template <int kInputs, int kGroups = 1>                                                                         \
   struct NAME { ATTR static void run(const uint8_t* const* wg, const SuperActivations& a, int64_t j0, float* const* y, int64_t ldy) { \
-    constexpr bool kFive = FIVE;                                                                                  \
-    constexpr int64_t kBlockBytes = kFive ? kQ5KGroupBlockBytes : kQ4KGroupBlockBytes;                            \
-    const __m256i mask = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);                                   \
+    const __m256i mask = _mm256_set1_epi8(0x0f);                                                                  \
     __m256 acc[kGroups][kInputs];                                                                                 \
     const uint8_t* xr[kInputs];                                                                                   \
     for (int j = 0; j < kInputs; ++j) {                                                                           \
@@ -373,42 +368,33 @@ struct SuperVnni {
     }                                                                                                             \
     for (int64_t b = 0; b < a.blocks; ++b) {                                                                      \
       _Pragma("GCC unroll 2") for (int i = 0; i < kGroups; ++i) {                                                 \
-        const uint8_t* wb = wg[i] + b * kBlockBytes;                                                              \
+        const uint8_t* wb = wg[i] + b * kQ4KGroupBlockBytes;                                                      \
         if (j0 == 0)                                                                                              \
-          for (int64_t off = 0; off < kBlockBytes; off += 64)                                                     \
+          for (int64_t off = 0; off < kQ4KGroupBlockBytes; off += 64)                                             \
             _mm_prefetch(reinterpret_cast<const char*>(wb + kPrefetchBytes + off), _MM_HINT_T0);                  \
         __m256i sumi[kInputs];                                                                                    \
         for (int j = 0; j < kInputs; ++j) sumi[j] = _mm256_setzero_si256();                                       \
-        for (int p = 0; p < 4; ++p) {                                                                                 \
-          typename OPS::Sum lo[kInputs], hi[kInputs];                                                                 \
-          for (int j = 0; j < kInputs; ++j) lo[j] = hi[j] = OPS::zero();                                              \
-          const uint8_t* q = wb + kQ4KQs + 256 * p;                                                                   \
-          const __m256i sc_lo = _mm256_cvtepu8_epi32(                                                                 \
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb + kQ4KScales + 16 * p)));                           \
-          const __m256i sc_hi = _mm256_cvtepu8_epi32(                                                                 \
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb + kQ4KScales + 16 * p + 8)));                       \
-          _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k) {                                                       \
-            const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k));                   \
-            __m256i vlo = _mm256_and_si256(bytes, mask);                                                              \
-            __m256i vhi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);                                        \
-            if (kFive) { /* bits 2p and 2p + 1 of each byte to bit 4 */                                               \
-              const __m256i h = _mm256_srli_epi16(                                                                    \
-                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kQ5KQh + 32 * k)), 2 * p);                 \
-              vlo = _mm256_or_si256(vlo, _mm256_and_si256(_mm256_slli_epi16(h, 4), bit4));                            \
-              vhi = _mm256_or_si256(vhi, _mm256_and_si256(_mm256_slli_epi16(h, 3), bit4));                            \
-            }                                                                                                         \
-            for (int j = 0; j < kInputs; ++j) {                                                                       \
-              const uint8_t* xq = xr[j] + b * kQ8KActivationBytes + 64 * p + 4 * k;                                   \
-              lo[j] = OPS::add(lo[j], vlo, xq);                                                                       \
-              hi[j] = OPS::add(hi[j], vhi, xq + 32);                                                                  \
-            }                                                                                                         \
-            if (k == 7 || (kFive && OPS::kSixteenBit && k == 3))                                                      \
-              for (int j = 0; j < kInputs; ++j) {                                                                     \
-                sumi[j] = _mm256_add_epi32(sumi[j], _mm256_add_epi32(OPS::scaled(lo[j], sc_lo), OPS::scaled(hi[j], sc_hi))); \
-                lo[j] = hi[j] = OPS::zero();                                                                          \
-              }                                                                                                       \
-          }                                                                                                           \
-        }                                                                                                             \
+        for (int p = 0; p < 4; ++p) {                                                                             \
+          typename OPS::Sum lo[kInputs], hi[kInputs];                                                             \
+          for (int j = 0; j < kInputs; ++j) lo[j] = hi[j] = OPS::zero();                                          \
+          const uint8_t* q = wb + kQ4KQs + 256 * p;                                                               \
+          _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k) {                                                   \
+            const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * k));               \
+            const __m256i vlo = _mm256_and_si256(bytes, mask);                                                    \
+            const __m256i vhi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);                              \
+            for (int j = 0; j < kInputs; ++j) {                                                                   \
+              const uint8_t* xq = xr[j] + b * kQ8KActivationBytes + 64 * p + 4 * k;                               \
+              lo[j] = OPS::add(lo[j], vlo, xq);                                                                   \
+              hi[j] = OPS::add(hi[j], vhi, xq + 32);                                                              \
+            }                                                                                                     \
+          }                                                                                                       \
+          const __m256i sc_lo = _mm256_cvtepu8_epi32(                                                             \
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb + kQ4KScales + 16 * p)));                       \
+          const __m256i sc_hi = _mm256_cvtepu8_epi32(                                                             \
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb + kQ4KScales + 16 * p + 8)));                   \
+          for (int j = 0; j < kInputs; ++j)                                                                       \
+            sumi[j] = _mm256_add_epi32(sumi[j], _mm256_add_epi32(OPS::scaled(lo[j], sc_lo), OPS::scaled(hi[j], sc_hi))); \
+        }                                                                                                         \
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));                 \
         const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 16)));            \
         __m256i mins[4];                                                                                          \
@@ -428,10 +414,8 @@ struct SuperVnni {
       for (int j = 0; j < kInputs; ++j) _mm256_storeu_ps(y[i] + (j0 + j) * ldy, acc[i][j]);                       \
   } };
 
-KVPIPE_INTERLEAVED_SUPER_TILE(q4k_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, SuperAvx2, false)
-KVPIPE_INTERLEAVED_SUPER_TILE(q4k_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, SuperVnni, false)
-KVPIPE_INTERLEAVED_SUPER_TILE(q5k_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, SuperAvx2, true)
-KVPIPE_INTERLEAVED_SUPER_TILE(q5k_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, SuperVnni, true)
+KVPIPE_INTERLEAVED_SUPER_TILE(super_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, SuperAvx2)
+KVPIPE_INTERLEAVED_SUPER_TILE(super_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, SuperVnni)
 
 // ---- Q6_K ----------------------------------------------------------------------------------
 // Per super-block of a group and input: each 16-value sub-block's 8 row sums times the rows'
@@ -520,7 +504,7 @@ struct Q6Vnni {
 KVPIPE_INTERLEAVED_Q6K_TILE(q6k_inputs_avx2, KVPIPE_INTERLEAVED_AVX2, Q6Avx2)
 KVPIPE_INTERLEAVED_Q6K_TILE(q6k_inputs_vnni, KVPIPE_INTERLEAVED_VNNI, Q6Vnni)
 
-// ---- Pairs of groups in 512-bit vectors (Q4_K, Q5_K, Q6_K) -----------------------------------
+// ---- Pairs of groups in 512-bit vectors (Q4_K, Q6_K) ----------------------------------------
 // As for Q4_0 and Q8_0 above: the super-block tiles' operations, each lane a row of one of two
 // adjacent groups.
 
@@ -539,12 +523,11 @@ KVPIPE_INTERLEAVED_VNNI inline __m256i bytes16_pair(const uint8_t* p0, const uin
                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1)), 1);
 }
 
-template <int kInputs, bool kFive>
-struct q45k_pairs_vnni {
+template <int kInputs>
+struct q4k_pairs_vnni {
   KVPIPE_INTERLEAVED_VNNI static void run(const uint8_t* w0, int64_t group_bytes, const SuperActivations& a,
                                           int64_t j0, float* y, int64_t ldy) {
-    constexpr int64_t kBlockBytes = kFive ? kQ5KGroupBlockBytes : kQ4KGroupBlockBytes;
-    const __m512i mask = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
+    const __m512i mask = _mm512_set1_epi8(0x0f);
     __m512 acc[kInputs];
     const uint8_t* xr[kInputs];
     for (int j = 0; j < kInputs; ++j) {
@@ -552,9 +535,9 @@ struct q45k_pairs_vnni {
       xr[j] = a.x + (j0 + j) * a.x_stride + 4;
     }
     for (int64_t b = 0; b < a.blocks; ++b) {
-      const uint8_t* wb0 = w0 + b * kBlockBytes;
+      const uint8_t* wb0 = w0 + b * kQ4KGroupBlockBytes;
       const uint8_t* wb1 = wb0 + group_bytes;
-      if (j0 == 0) prefetch_pair<kBlockBytes>(wb0, wb1);
+      if (j0 == 0) prefetch_pair<kQ4KGroupBlockBytes>(wb0, wb1);
       __m512i sumi[kInputs];
       for (int j = 0; j < kInputs; ++j) sumi[j] = _mm512_setzero_si512();
       for (int p = 0; p < 4; ++p) {
@@ -564,13 +547,8 @@ struct q45k_pairs_vnni {
         const uint8_t* q1 = wb1 + kQ4KQs + 256 * p;
         _Pragma("GCC unroll 8") for (int k = 0; k < 8; ++k) {
           const __m512i bytes = load_pair(q0 + 32 * k, q1 + 32 * k);
-          __m512i vlo = _mm512_and_si512(bytes, mask);
-          __m512i vhi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), mask);
-          if (kFive) {  // bits 2p and 2p + 1 of each byte to bit 4
-            const __m512i h = _mm512_srli_epi16(load_pair(wb0 + kQ5KQh + 32 * k, wb1 + kQ5KQh + 32 * k), 2 * p);
-            vlo = _mm512_or_si512(vlo, _mm512_and_si512(_mm512_slli_epi16(h, 4), bit4));
-            vhi = _mm512_or_si512(vhi, _mm512_and_si512(_mm512_slli_epi16(h, 3), bit4));
-          }
+          const __m512i vlo = _mm512_and_si512(bytes, mask);
+          const __m512i vhi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), mask);
           for (int j = 0; j < kInputs; ++j) {
             const uint8_t* xq = xr[j] + b * kQ8KActivationBytes + 64 * p + 4 * k;
             lo[j] = _mm512_dpbusd_epi32(lo[j], vlo, _mm512_set1_epi32(load_i32(xq)));
@@ -600,11 +578,6 @@ struct q45k_pairs_vnni {
     for (int j = 0; j < kInputs; ++j) _mm512_storeu_ps(y + (j0 + j) * ldy, acc[j]);
   }
 };
-
-template <int kInputs>
-using q4k_pairs_vnni = q45k_pairs_vnni<kInputs, false>;
-template <int kInputs>
-using q5k_pairs_vnni = q45k_pairs_vnni<kInputs, true>;
 
 template <int kInputs>
 struct q6k_pairs_vnni {
@@ -720,22 +693,12 @@ void q8_0_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const Act
 
 void q4_k_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
                int64_t ldy) {
-  tiled_groups<q4k_inputs_avx2, 2>(w, g_begin, g_end, a.blocks * kQ4KGroupBlockBytes, a, n, y, ldy);
+  tiled_groups<super_inputs_avx2, 2>(w, g_begin, g_end, a.blocks * kQ4KGroupBlockBytes, a, n, y, ldy);
 }
 
 void q4_k_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n,
                      float* y, int64_t ldy) {
-  paired_groups<q4k_pairs_vnni, 4, q4k_inputs_vnni, 4>(w, g_begin, g_end, a.blocks * kQ4KGroupBlockBytes, a, n, y, ldy);
-}
-
-void q5_k_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
-               int64_t ldy) {
-  tiled_groups<q5k_inputs_avx2, 2>(w, g_begin, g_end, a.blocks * kQ5KGroupBlockBytes, a, n, y, ldy);
-}
-
-void q5_k_avx512vnni(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n,
-                     float* y, int64_t ldy) {
-  paired_groups<q5k_pairs_vnni, 4, q5k_inputs_vnni, 4>(w, g_begin, g_end, a.blocks * kQ5KGroupBlockBytes, a, n, y, ldy);
+  paired_groups<q4k_pairs_vnni, 4, super_inputs_vnni, 4>(w, g_begin, g_end, a.blocks * kQ4KGroupBlockBytes, a, n, y, ldy);
 }
 
 void q6_k_avx2(const uint8_t* w, int64_t g_begin, int64_t g_end, const SuperActivations& a, int64_t n, float* y,
