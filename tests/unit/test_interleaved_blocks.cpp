@@ -93,6 +93,50 @@ TEST_P(InterleavedBlocks, EveryIsaMatchesFloat64AndThePortableKernelExactly) {
   ThreadPool::instance().set_threads(1);
 }
 
+// The largest sums the kernels meet: every value at its top (Q4_0 and Q4_K nibbles 15, Q6_K
+// 63) against activations all at their largest magnitude, where AVX2's 16-bit partial sums of
+// vpmaddubsw pairs come closest to wrapping (random rows stay far below). Every ISA equals the
+// portable kernel, and that the float64 product.
+TEST(InterleavedBlocksExtremes, LargestValuesAgainstFullActivationsStayExact) {
+  struct Values {
+    QuantType type;
+    int64_t begin, end;  // the value bytes in each stored block
+  };
+  for (const Values v : {Values{QuantType::Q4_0, 2, 18}, Values{QuantType::Q4_K, 16, 144}, Values{QuantType::Q6_K, 0, 192}}) {
+    const QuantType type = v.type;
+    const int64_t rows = 16, cols = 512, n = 5;
+    std::vector<uint8_t> w = test::random_rows(type, rows, cols, 41);
+    const int64_t block_bytes = quant_row_bytes(type, quant_traits(type).block_values);
+    for (size_t b = 0; b < w.size(); b += static_cast<size_t>(block_bytes))
+      std::memset(w.data() + b + v.begin, 0xff, static_cast<size_t>(v.end - v.begin));
+    std::vector<uint8_t> packed(static_cast<size_t>(rows * interleaved_row_bytes(type, cols)));
+    interleave_rows(type, w.data(), rows, cols, packed.data());
+    std::vector<float> x(static_cast<size_t>(n * cols));
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t c = 0; c < cols; ++c) x[j * cols + c] = j % 2 == 0 ? 1.0f : -1.0f;
+    std::vector<double> magnitude;
+    const std::vector<double> ref = test::reference(type, w, x, n, rows, cols, &magnitude);
+    const ActivationType at = quant_traits(type).activation;
+    const int64_t stride = activation_row_bytes(at, cols);
+    std::vector<uint8_t> a(static_cast<size_t>(n * stride));
+    for (int64_t j = 0; j < n; ++j) quantize_activation_row(at, x.data() + j * cols, a.data() + j * stride, cols);
+    std::vector<float> portable(static_cast<size_t>(n * rows));
+    interleaved_matmul(InterleaveIsa::kPortable, a.data(), stride, n, type, packed.data(), rows, cols, portable.data(),
+                       rows);
+    for (int64_t i = 0; i < n * rows; ++i)
+      ASSERT_NEAR(portable[i], ref[i], 1e-5 * magnitude[i] + 1e-6) << quant_name(type) << " output " << i;
+    for (InterleaveIsa isa : {InterleaveIsa::kAvx2, InterleaveIsa::kAvx512Vnni}) {
+      if (!interleave_runs(isa)) continue;
+      for (const int64_t inputs : {int64_t{1}, n}) {
+        std::vector<float> y(static_cast<size_t>(inputs * rows));
+        interleaved_matmul(isa, a.data(), stride, inputs, type, packed.data(), rows, cols, y.data(), rows);
+        ASSERT_EQ(0, std::memcmp(y.data(), portable.data(), y.size() * sizeof(float)))
+            << quant_name(type) << " " << interleave_isa_name(isa) << " inputs=" << inputs;
+      }
+    }
+  }
+}
+
 // 43 rows: 40 repacked, 3 left as stored. Products at decode and prompt sizes stay within
 // float32 rounding of the stored matrix's; lookups and dequantisation give the same values.
 TEST_P(InterleavedBlocks, RepackedMatrixComputesAsTheStoredOne) {
