@@ -102,7 +102,8 @@ TEST(InterleavedBlocksExtremes, LargestValuesAgainstFullActivationsStayExact) {
     QuantType type;
     int64_t begin, end;  // the value bytes in each stored block
   };
-  for (const Values v : {Values{QuantType::Q4_0, 2, 18}, Values{QuantType::Q4_K, 16, 144}, Values{QuantType::Q6_K, 0, 192}}) {
+  for (const Values v :
+       {Values{QuantType::Q4_0, 2, 18}, Values{QuantType::Q4_K, 16, 144}, Values{QuantType::Q6_K, 0, 192}}) {
     const QuantType type = v.type;
     const int64_t rows = 16, cols = 512, n = 5;
     std::vector<uint8_t> w = test::random_rows(type, rows, cols, 41);
