@@ -14,6 +14,7 @@
 #include <cstring>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace kvpipe {
@@ -44,6 +45,35 @@ TEST_P(InterleavedBlocks, RepackKeepsEveryRowsBytes) {
   EXPECT_THROW(interleave_rows(QuantType::Q5_0, w.data(), 8, 256, packed.data()), std::invalid_argument);
 }
 
+// The n inputs x (n x cols floats) times the interleaved matrix: the portable kernel within
+// float32 rounding of the float64 product of the stored rows w, writing nothing past the rows
+// of y, and each of `isas` equal to it bit for bit. `what` names the case in failures.
+void expect_float64_then_portable_exactly(QuantType type, const std::vector<uint8_t>& w, const std::vector<uint8_t>& packed,
+                                          const std::vector<float>& x, int64_t n, int64_t rows, int64_t cols,
+                                          const std::vector<InterleaveIsa>& isas, const std::string& what) {
+  std::vector<double> magnitude;
+  const std::vector<double> ref = test::reference(type, w, x, n, rows, cols, &magnitude);
+  const ActivationType at = quant_traits(type).activation;
+  const int64_t stride = activation_row_bytes(at, cols), ldy = rows + 3;
+  std::vector<uint8_t> a(static_cast<size_t>(n * stride));
+  for (int64_t j = 0; j < n; ++j) quantize_activation_row(at, x.data() + j * cols, a.data() + j * stride, cols);
+  std::vector<float> portable(static_cast<size_t>(n * ldy), -1.0f);
+  interleaved_matmul(InterleaveIsa::kPortable, a.data(), stride, n, type, packed.data(), rows, cols, portable.data(),
+                     ldy);
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t r = 0; r < rows; ++r)
+      ASSERT_NEAR(portable[j * ldy + r], ref[j * rows + r], 1e-5 * magnitude[j * rows + r] + 1e-6)
+          << what << " input " << j << " row " << r;
+    for (int64_t r = rows; r < ldy; ++r) ASSERT_EQ(portable[j * ldy + r], -1.0f) << "wrote past the rows";
+  }
+  for (InterleaveIsa isa : isas) {
+    std::vector<float> y(static_cast<size_t>(n * ldy), -1.0f);
+    interleaved_matmul(isa, a.data(), stride, n, type, packed.data(), rows, cols, y.data(), ldy);
+    ASSERT_EQ(0, std::memcmp(y.data(), portable.data(), y.size() * sizeof(float)))
+        << interleave_isa_name(isa) << " " << what;
+  }
+}
+
 // Within float32 rounding of the float64 product; every ISA that runs here equal to the
 // portable kernel bit for bit, on 1 and 2 threads, at input counts that leave partial tiles.
 TEST_P(InterleavedBlocks, EveryIsaMatchesFloat64AndThePortableKernelExactly) {
@@ -66,27 +96,10 @@ TEST_P(InterleavedBlocks, EveryIsaMatchesFloat64AndThePortableKernelExactly) {
       for (const int64_t n : {1, 2, 3, 4, 5, 9, 13, 70}) {
         std::vector<float> x(static_cast<size_t>(n * cols));
         for (auto& v : x) v = normal(gen);
-        std::vector<double> magnitude;
-        const std::vector<double> ref = test::reference(type, w, x, n, rows, cols, &magnitude);
-        const ActivationType at = quant_traits(type).activation;
-        const int64_t stride = activation_row_bytes(at, cols), ldy = rows + 3;
-        std::vector<uint8_t> a(static_cast<size_t>(n * stride));
-        for (int64_t j = 0; j < n; ++j) quantize_activation_row(at, x.data() + j * cols, a.data() + j * stride, cols);
-        std::vector<float> portable(static_cast<size_t>(n * ldy), -1.0f);
-        interleaved_matmul(InterleaveIsa::kPortable, a.data(), stride, n, type, packed.data(), rows, cols,
-                           portable.data(), ldy);
-        for (int64_t j = 0; j < n; ++j) {
-          for (int64_t r = 0; r < rows; ++r)
-            ASSERT_NEAR(portable[j * ldy + r], ref[j * rows + r], 1e-5 * magnitude[j * rows + r] + 1e-6)
-                << "cols=" << cols << " n=" << n << " input " << j << " row " << r;
-          for (int64_t r = rows; r < ldy; ++r) ASSERT_EQ(portable[j * ldy + r], -1.0f) << "wrote past the rows";
-        }
-        for (InterleaveIsa isa : vector_isas) {
-          std::vector<float> y(static_cast<size_t>(n * ldy), -1.0f);
-          interleaved_matmul(isa, a.data(), stride, n, type, packed.data(), rows, cols, y.data(), ldy);
-          ASSERT_EQ(0, std::memcmp(y.data(), portable.data(), y.size() * sizeof(float)))
-              << interleave_isa_name(isa) << " cols=" << cols << " n=" << n << " threads=" << threads;
-        }
+        expect_float64_then_portable_exactly(type, w, packed, x, n, rows, cols, vector_isas,
+                                             "cols=" + std::to_string(cols) + " n=" + std::to_string(n) +
+                                                 " threads=" + std::to_string(threads));
+        if (::testing::Test::HasFatalFailure()) return;
       }
     }
   }
@@ -115,25 +128,13 @@ TEST(InterleavedBlocksExtremes, LargestValuesAgainstFullActivationsStayExact) {
     std::vector<float> x(static_cast<size_t>(n * cols));
     for (int64_t j = 0; j < n; ++j)
       for (int64_t c = 0; c < cols; ++c) x[j * cols + c] = j % 2 == 0 ? 1.0f : -1.0f;
-    std::vector<double> magnitude;
-    const std::vector<double> ref = test::reference(type, w, x, n, rows, cols, &magnitude);
-    const ActivationType at = quant_traits(type).activation;
-    const int64_t stride = activation_row_bytes(at, cols);
-    std::vector<uint8_t> a(static_cast<size_t>(n * stride));
-    for (int64_t j = 0; j < n; ++j) quantize_activation_row(at, x.data() + j * cols, a.data() + j * stride, cols);
-    std::vector<float> portable(static_cast<size_t>(n * rows));
-    interleaved_matmul(InterleaveIsa::kPortable, a.data(), stride, n, type, packed.data(), rows, cols, portable.data(),
-                       rows);
-    for (int64_t i = 0; i < n * rows; ++i)
-      ASSERT_NEAR(portable[i], ref[i], 1e-5 * magnitude[i] + 1e-6) << quant_name(type) << " output " << i;
-    for (InterleaveIsa isa : {InterleaveIsa::kAvx2, InterleaveIsa::kAvx512Vnni}) {
-      if (!interleave_runs(isa)) continue;
-      for (const int64_t inputs : {int64_t{1}, n}) {
-        std::vector<float> y(static_cast<size_t>(inputs * rows));
-        interleaved_matmul(isa, a.data(), stride, inputs, type, packed.data(), rows, cols, y.data(), rows);
-        ASSERT_EQ(0, std::memcmp(y.data(), portable.data(), y.size() * sizeof(float)))
-            << quant_name(type) << " " << interleave_isa_name(isa) << " inputs=" << inputs;
-      }
+    std::vector<InterleaveIsa> isas;
+    for (InterleaveIsa isa : {InterleaveIsa::kAvx2, InterleaveIsa::kAvx512Vnni})
+      if (interleave_runs(isa)) isas.push_back(isa);
+    for (const int64_t inputs : {int64_t{1}, n}) {
+      expect_float64_then_portable_exactly(type, w, packed, x, inputs, rows, cols, isas,
+                                           std::string(quant_name(type)) + " inputs=" + std::to_string(inputs));
+      if (::testing::Test::HasFatalFailure()) return;
     }
   }
 }
