@@ -130,6 +130,7 @@ TEST_P(QuantMatmul, BothPathsMatchFloat64OnAnyThreadCount) {
       if (int8_gemm_choice(type)) paths.push_back(MatmulPath::kInt8);
       if (type == QuantType::BF16 && bf16_gemm_choice()) paths.push_back(MatmulPath::kBf16);
       if (type == QuantType::F16 && f16_gemm_choice()) paths.push_back(MatmulPath::kF16);
+      if (type == QuantType::BF16 && f16_gemm_choice()) paths.push_back(MatmulPath::kBf16Widened);
       for (const MatmulPath path : paths) {
         std::vector<float> y(static_cast<size_t>(n * (rows + 3)), -1.0f);
         quant_matmul_on(path, x.data(), n, cols, type, w.data(), rows, cols, y.data(), rows + 3);

@@ -1,8 +1,10 @@
 // bf16_gemm: products y = x W^T for BF16 weights on processors with AVX512-BF16, as llama.cpp
 // multiplies a BF16 model (prompt and decode alike): the activations rounded to bfloat16 once
 // per call, then vdpbf16ps (twice float32's multiply-adds per instruction) instead of widening
-// the weights to float32. Prompts take packed tiles of 16 rows (bf16_gemm); decode batches the
-// stored rows as they are (bf16_decode).
+// the weights to float32. Prompts take packed tiles of 16 rows (bf16_gemm), except on Intel's
+// cores, which gain nothing from vdpbf16ps and widen the weights instead (bf16_widened_gemm,
+// f16_gemm.h; the choice is quant_matmul's); decode batches the stored rows as they are
+// (bf16_decode).
 //
 // Owns the per-call repack of each thread's weight rows into interleaved groups of 16 (pair p
 // of row i at word 16 p + i, so that one 64-byte load holds the next pair of all 16 rows) in a

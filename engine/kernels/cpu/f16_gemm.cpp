@@ -19,16 +19,31 @@ using f16_gemm_impl::kTileInputs;
 
 namespace f16_gemm_impl {
 
-// The reference order of operations (f16_gemm.h).
-void tile_portable(const uint16_t* group, int64_t cols, const float* xt, int count, float* y, int64_t ldy,
-                   int valid) {
+namespace {
+
+// The reference order of operations (f16_gemm.h), values widened by `widen`.
+template <float (*widen)(uint16_t)>
+void tile_reference(const uint16_t* group, int64_t cols, const float* xt, int count, float* y, int64_t ldy,
+                    int valid) {
   for (int j = 0; j < count; ++j) {
     float acc[kGroupRows] = {};
     for (int64_t c = 0; c < cols; ++c)
       for (int i = 0; i < kGroupRows; ++i)
-        acc[i] = std::fma(quant_impl::fp16_to_fp32(group[kGroupRows * c + i]), xt[kTileInputs * c + j], acc[i]);
+        acc[i] = std::fma(widen(group[kGroupRows * c + i]), xt[kTileInputs * c + j], acc[i]);
     std::memcpy(y + j * ldy, acc, sizeof(float) * static_cast<size_t>(valid));
   }
+}
+
+}  // namespace
+
+void tile_portable(const uint16_t* group, int64_t cols, const float* xt, int count, float* y, int64_t ldy,
+                   int valid) {
+  tile_reference<quant_impl::fp16_to_fp32>(group, cols, xt, count, y, ldy, valid);
+}
+
+void tile_portable_bf16(const uint16_t* group, int64_t cols, const float* xt, int count, float* y, int64_t ldy,
+                        int valid) {
+  tile_reference<quant_impl::bf16_to_fp32>(group, cols, xt, count, y, ldy, valid);
 }
 
 }  // namespace f16_gemm_impl
@@ -44,14 +59,14 @@ int64_t tiles_per_slice(int64_t cols) {
   return std::max<int64_t>(2, (256 << 10) / (4 * kTileInputs * std::max<int64_t>(cols, 1)));
 }
 
-f16_gemm_impl::TileFn tile_for(F16GemmIsa isa) {
+f16_gemm_impl::TileFn tile_for(F16GemmIsa isa, bool bf16) {
   switch (isa) {
 #if defined(__x86_64__)
-    case F16GemmIsa::kAvx512: return f16_gemm_impl::tile_avx512;
+    case F16GemmIsa::kAvx512: return bf16 ? f16_gemm_impl::tile_avx512_bf16 : f16_gemm_impl::tile_avx512;
 #else
     case F16GemmIsa::kAvx512: return nullptr;
 #endif
-    case F16GemmIsa::kPortable: return f16_gemm_impl::tile_portable;
+    case F16GemmIsa::kPortable: return bf16 ? f16_gemm_impl::tile_portable_bf16 : f16_gemm_impl::tile_portable;
   }
   return nullptr;
 }
@@ -90,12 +105,16 @@ std::optional<F16GemmIsa> f16_gemm_choice() {
   return std::nullopt;
 }
 
-void f16_gemm(F16GemmIsa isa, const float* x, int64_t n, int64_t ldx, const uint16_t* w, int64_t rows, int64_t cols,
-              float* y, int64_t ldy) {
+namespace {
+
+// f16_gemm and bf16_widened_gemm: the same packing, tiles and split, only the widening differs.
+void half_gemm(F16GemmIsa isa, bool bf16, const float* x, int64_t n, int64_t ldx, const uint16_t* w, int64_t rows,
+               int64_t cols, float* y, int64_t ldy) {
   if (!f16_gemm_runs(isa))
-    throw std::invalid_argument(std::string("f16_gemm: ") + f16_gemm_isa_name(isa) + " does not run on this processor");
+    throw std::invalid_argument(std::string(bf16 ? "bf16_widened_gemm: " : "f16_gemm: ") + f16_gemm_isa_name(isa) +
+                                " does not run on this processor");
   if (n <= 0 || rows <= 0) return;
-  const f16_gemm_impl::TileFn tile = tile_for(isa);
+  const f16_gemm_impl::TileFn tile = tile_for(isa, bf16);
   // The activations in tiles of kTileInputs inputs, interleaved (value c of the tile's input j at
   // kTileInputs c + j), in the caller's buffer (the pool's threads reach it through the pointer).
   const int64_t tiles = (n + kTileInputs - 1) / kTileInputs;
@@ -141,6 +160,18 @@ void f16_gemm(F16GemmIsa isa, const float* x, int64_t n, int64_t ldx, const uint
         }
     }
   });
+}
+
+}  // namespace
+
+void f16_gemm(F16GemmIsa isa, const float* x, int64_t n, int64_t ldx, const uint16_t* w, int64_t rows, int64_t cols,
+              float* y, int64_t ldy) {
+  half_gemm(isa, false, x, n, ldx, w, rows, cols, y, ldy);
+}
+
+void bf16_widened_gemm(F16GemmIsa isa, const float* x, int64_t n, int64_t ldx, const uint16_t* w, int64_t rows,
+                       int64_t cols, float* y, int64_t ldy) {
+  half_gemm(isa, true, x, n, ldx, w, rows, cols, y, ldy);
 }
 
 }  // namespace kvpipe

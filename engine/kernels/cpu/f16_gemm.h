@@ -4,6 +4,8 @@
 // all 16 rows side by side in float16, and the tile kernel widens 16 rows' value c with one
 // vcvtph2ps, then multiplies it by each input's value c, broadcast, in float32.
 //
+// BF16 weights can take the same tiles (bf16_widened_gemm), widened by a shift instead.
+//
 // Owns the per-call repack (a panel of scratch per thread, rebuilt at every call: no second copy
 // of the weights stays in memory) and the tile kernels: AVX-512 and portable C++.
 //
@@ -34,5 +36,11 @@ std::optional<F16GemmIsa> f16_gemm_choice();
 // values each. On the rank's thread pool. Throws std::invalid_argument where `isa` does not run.
 void f16_gemm(F16GemmIsa isa, const float* x, int64_t n, int64_t ldx, const uint16_t* w, int64_t rows, int64_t cols,
               float* y, int64_t ldy);
+
+// The same product for BF16 weights: each bfloat16 value widens to float32 exactly (a 16-bit
+// shift), then the same tiles, order of operations and guarantees as f16_gemm; the activations
+// stay float32. Which processors take it over bf16_gemm's vdpbf16ps: quant_matmul.h.
+void bf16_widened_gemm(F16GemmIsa isa, const float* x, int64_t n, int64_t ldx, const uint16_t* w, int64_t rows,
+                       int64_t cols, float* y, int64_t ldy);
 
 }  // namespace kvpipe

@@ -130,9 +130,10 @@ void run_path(MatmulPath path, const float* x, int64_t n, int64_t ldx, const Act
               const uint8_t* w, int64_t rows, int64_t cols, float* y, int64_t ldy) {
   switch (path) {
     case MatmulPath::kKernel:
-      // BF16 rows multiply bfloat16 activations wherever the processor has the instruction
-      // (prompts included), as llama.cpp does: a decode step gets the same rounding as its
-      // prompt, and a batch twice float32's multiply-adds per instruction.
+      // BF16 rows multiply bfloat16 activations wherever the processor has the instruction, as
+      // llama.cpp does: a batch gets twice float32's multiply-adds per instruction, and the
+      // weights' stream bounds a decode step either way. Prompts do too, but on Intel's cores
+      // (bf16_prompt_path).
       if (type == QuantType::BF16 && cols % 2 == 0)
         if (const std::optional<Bf16GemmIsa> isa = bf16_gemm_choice())
           return bf16_decode(*isa, x, n, ldx, reinterpret_cast<const uint16_t*>(w), rows, cols, y, ldy);
@@ -151,6 +152,13 @@ void run_path(MatmulPath path, const float* x, int64_t n, int64_t ldx, const Act
         throw std::invalid_argument(std::string("quant_matmul: no float16 product for ") + quant_name(type) +
                                     " on this processor");
       return f16_gemm(*isa, x, n, ldx, reinterpret_cast<const uint16_t*>(w), rows, cols, y, ldy);
+    }
+    case MatmulPath::kBf16Widened: {
+      const std::optional<F16GemmIsa> isa = f16_gemm_choice();
+      if (type != QuantType::BF16 || !isa)
+        throw std::invalid_argument(std::string("quant_matmul: no widened bfloat16 product for ") + quant_name(type) +
+                                    " on this processor");
+      return bf16_widened_gemm(*isa, x, n, ldx, reinterpret_cast<const uint16_t*>(w), rows, cols, y, ldy);
     }
     case MatmulPath::kBf16: {
       const std::optional<Bf16GemmIsa> isa = bf16_gemm_choice();
@@ -180,9 +188,35 @@ std::string matmul_path_name(MatmulPath path) {
     case MatmulPath::kInt8: return "int8";
     case MatmulPath::kBf16: return "bf16";
     case MatmulPath::kF16: return "f16";
+    case MatmulPath::kBf16Widened: return "bf16-widened";
   }
   return "?";
 }
+
+namespace {
+
+// BF16 prompts: vdpbf16ps (bf16_gemm) where it doubles the multiply-adds of a cycle, the F16
+// tiles with the weights widened to float32 (bf16_widened_gemm) where it does not. AMD's Zen 4
+// issues a 512-bit FMA as two halves, and vdpbf16ps's 32 products an instruction double the
+// rate; Intel's server cores issue 512-bit FMAs on two ports, where the widened tiles ran pp512
+// 1.3x faster than vdpbf16ps on a Sapphire Rapids core (benchmarks/RESULTS.md), without
+// rounding the activations. By vendor, as blas_gemm's choice of library: fixed for a machine,
+// never timed, so a job's tokens do not depend on how busy the machine was.
+MatmulPath bf16_prompt_path() {
+  static const bool intel = [] {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel") != 0;
+#else
+    return false;
+#endif
+  }();
+  if (bf16_gemm_choice() && !intel) return MatmulPath::kBf16;
+  if (f16_gemm_choice()) return MatmulPath::kBf16Widened;
+  return MatmulPath::kBlas;
+}
+
+}  // namespace
 
 MatmulPath prompt_matmul_path(QuantType type) {
   switch (forced_path()) {
@@ -190,7 +224,7 @@ MatmulPath prompt_matmul_path(QuantType type) {
     case Forced::kBlas: return MatmulPath::kBlas;
     case Forced::kAuto: break;
   }
-  if (type == QuantType::BF16) return bf16_gemm_choice() ? MatmulPath::kBf16 : MatmulPath::kBlas;
+  if (type == QuantType::BF16) return bf16_prompt_path();
   if (type == QuantType::F16) return f16_gemm_choice() ? MatmulPath::kF16 : MatmulPath::kBlas;
   return int8_gemm_choice(type) ? MatmulPath::kInt8 : MatmulPath::kBlas;
 }
@@ -214,8 +248,13 @@ std::string prompt_kernels_description() {
   if (forced_path() != Forced::kAuto) return forced_path() == Forced::kBlas ? "blas" : "kernel";
   const std::optional<Bf16GemmIsa> bf16 = bf16_gemm_choice();
   const std::optional<F16GemmIsa> f16 = f16_gemm_choice();
-  return block_prompt_kernels() + "; BF16: " + (bf16 ? bf16_gemm_isa_name(*bf16) : "blas") +
-         "; F16: " + (f16 ? f16_gemm_isa_name(*f16) : "blas");
+  std::string bf16_prompts = "blas";
+  switch (prompt_matmul_path(QuantType::BF16)) {
+    case MatmulPath::kBf16: bf16_prompts = bf16_gemm_isa_name(*bf16); break;
+    case MatmulPath::kBf16Widened: bf16_prompts = std::string(f16_gemm_isa_name(*f16)) + " widened"; break;
+    default: break;
+  }
+  return block_prompt_kernels() + "; BF16: " + bf16_prompts + "; F16: " + (f16 ? f16_gemm_isa_name(*f16) : "blas");
 }
 
 void quant_matmul(const float* x, int64_t n, int64_t ldx, QuantType type, const uint8_t* w, int64_t rows,

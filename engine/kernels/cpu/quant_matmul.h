@@ -36,7 +36,7 @@ namespace kvpipe {
 void quant_matmul(const float* x, int64_t n, int64_t ldx, QuantType type, const uint8_t* w, int64_t rows,
                   int64_t cols, float* y, int64_t ldy);
 
-enum class MatmulPath { kKernel, kBlas, kInt8, kBf16, kF16 };
+enum class MatmulPath { kKernel, kBlas, kInt8, kBf16, kF16, kBf16Widened };
 // quant_matmul on a given path (tests and benchmarks compare the two).
 void quant_matmul_on(MatmulPath path, const float* x, int64_t n, int64_t ldx, QuantType type, const uint8_t* w,
                      int64_t rows, int64_t cols, float* y, int64_t ldy);
@@ -44,13 +44,13 @@ void quant_matmul_on(MatmulPath path, const float* x, int64_t n, int64_t ldx, Qu
 // interleaved kernels (KVPIPE_CPU_MATMUL does not apply), rows a multiple of 8.
 void quant_matmul_interleaved(const float* x, int64_t n, int64_t ldx, QuantType type, const uint8_t* w, int64_t rows,
                               int64_t cols, float* y, int64_t ldy);
-// "kernel" | "blas" | "int8" | "bf16" | "f16".
+// "kernel" | "blas" | "int8" | "bf16" | "f16" | "bf16-widened".
 std::string matmul_path_name(MatmulPath path);
 // The path of a product past the kernels' input count for `type` on this processor.
 MatmulPath prompt_matmul_path(QuantType type);
 // What prompts run on here, for reports: the block types' ("int8 avx512-vnni", "int8 avx2
 // (Q8_0, IQ4_NL, IQ4_XS: blas)" or "blas"), then BF16's and F16's:
-// "int8 avx512-vnni; BF16: avx512-bf16; F16: avx512".
+// "int8 avx512-vnni; BF16: avx512-bf16; F16: avx512" (BF16: "avx512 widened" on Intel's cores).
 std::string prompt_kernels_description();
 
 }  // namespace kvpipe
