@@ -13,7 +13,8 @@
 # engines read the very same bytes. A quantised type's name is any llama-quantize mix (Q3_K_S,
 # Q5_K_S, ...); the default list has one mix per stored type (Q2_K, Q3_K_M: mostly Q2_K and
 # Q3_K; IQ4_NL, IQ4_XS, Q5_0, Q5_1: those types throughout). kvpipe: decode = 1000 / tpot_ms over 128 new tokens after a
-# 16-token prompt, prefill = 512000 / ttft_ms of a 512-token prompt, batched decode = batch x
+# 16-token prompt, prefill = 512000 / ms of a 512-token prompt's step after a first one (as
+# llama-bench's warm-up run before its timed one), batched decode = batch x
 # 1000 / median step ms of `batch` requests of 128 distinct prompt tokens and 32 new tokens.
 # llama.cpp: llama-bench tg128 and pp512, llama-batched-bench -npp 128 -ntg 32 (speed_tg).
 # Floor = read bandwidth (kvpipe_membw, measured at the start of each run and thread count) /
@@ -77,6 +78,21 @@ kv_generate() {  # config, prompt ids, new tokens -> stdout line and stderr in $
     { echo "compare: kvpipe generate failed:" >&2; tail -n 3 "$tmp/err" >&2; exit 1; }
 }
 
+kv_prompt_step() {  # threads -> ms of the second of two 512-token prompt steps (the first warms up)
+  {
+    echo "model: {path: \"$model\"}"
+    echo "runtime: {threads: $1}"
+    echo "cache: {memory: 512MiB, prefix_reuse: false}"
+    echo "scheduler: {max_batch: 1, max_tokens_per_step: 512}"
+    echo "requests:"
+    echo "  - {prompt_ids: [$(ids 512 0)], max_new_tokens: 1}"
+    echo "  - {prompt_ids: [$(ids 512 512)], max_new_tokens: 1}"
+  } >"$tmp/prompts.yaml"
+  "$kvpipe" generate --config "$tmp/prompts.yaml" 2>"$tmp/err" |
+    python3 -c 'import json, sys; t = sorted(json.loads(l)["ttft_ms"] for l in sys.stdin if l.startswith("{")); print(t[1] - t[0])' ||
+    { echo "compare: kvpipe prompt steps failed:" >&2; tail -n 3 "$tmp/err" >&2; exit 1; }
+}
+
 echo "type threads run bw_GBps bytes kv_decode kv_pp512 ll_decode ll_pp512 ik_decode ik_pp512" >"$tmp/rows"
 echo "type threads batch run kv_tg ll_tg" >"$tmp/batched"
 for type in $types; do
@@ -93,7 +109,9 @@ YAML
       bw=$("$membw" 1024 5 | grep -oE '"read_gbps_median": [0-9.]+' | awk '{print $2}')
       tpot=$(kv_generate "$tmp/job.yaml" "$(ids 16 0)" 128 | field tpot_ms)
       bytes=$(grep -oE '[0-9]+ weight bytes read per decode step' "$tmp/err" | awk '{print $1}')
-      ttft=$(kv_generate "$tmp/job.yaml" "$(ids 512 0)" 1 | field ttft_ms)
+      # llama-bench runs a warm-up prompt before the one it times, and so does kvpipe here: two
+      # distinct 512-token prompts in one process, one step each, the second one timed.
+      ttft=$(kv_prompt_step "$threads")
       "$bin/llama-bench" -m "$model" -t "$threads" -p 512 -n 128 -r 1 -o json >"$tmp/ll.json" 2>/dev/null
       read -r ll_pp ll_tg < <(bench_ts "$tmp/ll.json")
       ik_pp=nan ik_tg=nan
