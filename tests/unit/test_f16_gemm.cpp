@@ -84,8 +84,8 @@ TEST(F16Gemm, EveryIsaMatchesFloat64AndThePortableTileBitForBit) {
             std::vector<float> y(static_cast<size_t>(n * ldy), -1.0f);
             half_gemm(type, isa, x.data(), n, ldx, wh, rows, cols, y.data(), ldy);
             ASSERT_EQ(0, std::memcmp(y.data(), portable.data(), y.size() * sizeof(float)))
-                << quant_name(type) << " " << f16_gemm_isa_name(isa) << " cols=" << cols << " rows=" << rows << " n=" << n
-                << " threads=" << threads;
+                << quant_name(type) << " " << f16_gemm_isa_name(isa) << " cols=" << cols << " rows=" << rows
+                << " n=" << n << " threads=" << threads;
           }
         }
       }

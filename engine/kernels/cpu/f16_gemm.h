@@ -39,7 +39,8 @@ void f16_gemm(F16GemmIsa isa, const float* x, int64_t n, int64_t ldx, const uint
 
 // The same product for BF16 weights: each bfloat16 value widens to float32 exactly (a 16-bit
 // shift), then the same tiles, order of operations and guarantees as f16_gemm; the activations
-// stay float32. Which processors take it over bf16_gemm's vdpbf16ps: quant_matmul.h.
+// stay float32. Which processors take it over bf16_gemm's vdpbf16ps: quant_matmul.cpp
+// (bf16_prompt_path).
 void bf16_widened_gemm(F16GemmIsa isa, const float* x, int64_t n, int64_t ldx, const uint16_t* w, int64_t rows,
                        int64_t cols, float* y, int64_t ldy);
 

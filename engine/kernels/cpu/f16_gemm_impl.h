@@ -12,9 +12,9 @@ constexpr int kGroupRows = 16;
 // registers, and each widening is shared by 12 multiply-adds.
 constexpr int kTileInputs = 12;
 
-// One group of 16 rows: group[16 c + i] is value c of row i, as float16 (or bfloat16) bits. xt holds a tile
-// of `count` (1 .. kTileInputs) inputs interleaved: value c of input j at xt[kTileInputs c + j].
-// Writes y[j * ldy + i] for j < count and rows i < valid.
+// One group of 16 rows: group[16 c + i] is value c of row i, as float16 (or bfloat16) bits.
+// xt holds a tile of `count` (1 .. kTileInputs) inputs interleaved: value c of input j at
+// xt[kTileInputs c + j]. Writes y[j * ldy + i] for j < count and rows i < valid.
 using TileFn = void (*)(const uint16_t* group, int64_t cols, const float* xt, int count, float* y, int64_t ldy,
                         int valid);
 
