@@ -1,5 +1,6 @@
 #include "engine/kernels/cpu/blas_gemm.h"
 
+#include "engine/kernels/cpu/cpu_features.h"
 #include "engine/kernels/cpu/thread_pool.h"
 
 #include <ATen/ATen.h>
@@ -53,8 +54,8 @@ bool use_openblas() {
     case BlasChoice::kByProcessor: break;
   }
   static const bool openblas = [] {
+    if (cpu_is_intel()) return false;
     __builtin_cpu_init();
-    if (__builtin_cpu_is("intel")) return false;
     return !(__builtin_cpu_supports("avx2") && openblas_core_lacks_avx2());
   }();
   return openblas;

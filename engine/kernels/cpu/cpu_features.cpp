@@ -242,6 +242,18 @@ const char* choose_kernel_isa(const CpuFeatureProbe& avx2_fma, bool force_portab
   return !force_portable && avx2_fma.usable() ? "avx2" : "portable";
 }
 
+bool cpu_is_intel() {
+#if defined(__x86_64__)
+  static const bool intel = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel") != 0;
+  }();
+  return intel;
+#else
+  return false;
+#endif
+}
+
 std::string describe_cpu_features() {
   return "avx2+fma " + probe_cpu_feature(CpuFeature::kAvx2Fma).describe() + ", avx512 " +
          probe_cpu_feature(CpuFeature::kAvx512).describe() + ", avx512-vnni " +

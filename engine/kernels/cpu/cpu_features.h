@@ -44,6 +44,10 @@ const char* choose_kernel_isa(const CpuFeatureProbe& avx2_fma, bool force_portab
 // SIGBUS or SIGFPE). The process's handlers for those signals are restored before it returns.
 bool runs_without_fault(void (*trial)());
 
+// Whether the running processor is Intel's (cpuid's vendor): for the choices that follow a
+// vendor's cores rather than a feature bit (the float32 BLAS, the BF16 prompt product).
+bool cpu_is_intel();
+
 // "avx2+fma usable, avx512 faults, avx512-vnni faults, avx512-bf16 faults, amx absent": every feature's probe, for logs and reports.
 std::string describe_cpu_features();
 

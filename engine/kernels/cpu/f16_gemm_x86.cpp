@@ -1,5 +1,5 @@
-// f16_gemm's AVX-512 tiles, float16 and bfloat16 (f16_gemm_impl.h), compiled with its own target attributes so the
-// binary runs on any x86-64 and calls it only where the probe passed.
+// f16_gemm's AVX-512 tiles, float16 and bfloat16 (f16_gemm_impl.h), compiled with their own
+// target attributes so the binary runs on any x86-64 and calls them only where the probe passed.
 #include "engine/kernels/cpu/f16_gemm_impl.h"
 
 #if defined(__x86_64__)

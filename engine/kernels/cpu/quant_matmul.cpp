@@ -2,6 +2,7 @@
 
 #include "engine/kernels/cpu/bf16_gemm.h"
 #include "engine/kernels/cpu/blas_gemm.h"
+#include "engine/kernels/cpu/cpu_features.h"
 #include "engine/kernels/cpu/f16_gemm.h"
 #include "engine/kernels/cpu/int8_gemm.h"
 #include "engine/kernels/cpu/interleaved_blocks.h"
@@ -203,15 +204,7 @@ namespace {
 // rounding the activations. By vendor, as blas_gemm's choice of library: fixed for a machine,
 // never timed, so a job's tokens do not depend on how busy the machine was.
 MatmulPath bf16_prompt_path() {
-  static const bool intel = [] {
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    return __builtin_cpu_is("intel") != 0;
-#else
-    return false;
-#endif
-  }();
-  if (bf16_gemm_choice() && !intel) return MatmulPath::kBf16;
+  if (bf16_gemm_choice() && !cpu_is_intel()) return MatmulPath::kBf16;
   if (f16_gemm_choice()) return MatmulPath::kBf16Widened;
   return MatmulPath::kBlas;
 }
